@@ -1,0 +1,78 @@
+# capl — developer entry points. `make test` is the one test command: it installs and builds
+# everything it needs (idempotently) and then runs every gate and the whole suite.
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+export CAPL_CACHE ?= $(HOME)/.cache/capl
+
+.PHONY: help
+help: ## list targets
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-18s %s\n", $$1, $$2}'
+
+.PHONY: deps
+deps: ## install the Debian packages the test bed needs (root or sudo)
+	@hack/install-deps.sh
+
+$(VENV)/.stamp: pyproject.toml constraints.txt
+	@hack/venv.sh $(PYTHON) $(VENV)
+	@touch $@
+
+.PHONY: venv
+venv: deps $(VENV)/.stamp ## create .venv with the pinned dependency set
+
+.PHONY: envtest
+envtest: ## build kube-apiserver, etcd, kubectl into the cache; prints the directory
+	@hack/envtest.sh
+
+.PHONY: capi
+capi: ## build the Cluster API core manager and clusterctl into the cache; prints the directory
+	@hack/capi.sh
+
+.PHONY: libvirt-host
+libvirt-host: deps ## configure and start libvirtd + virtlogd on this machine (no systemd)
+	@hack/libvirt-host.sh
+
+.PHONY: guest-image
+guest-image: deps ## build the CoreOS stand-in test guest image; prints its path
+	@hack/guest-image.sh
+
+.PHONY: crds
+crds: venv ## regenerate config/crd/bases from the pydantic models
+	@$(PY) -m capl.api.crdgen --out config/crd/bases
+
+.PHONY: lint
+lint: venv ## ruff, mypy --strict, import-linter, generated files in sync
+	@$(VENV)/bin/ruff check capl tests bench
+	@$(VENV)/bin/ruff format --check capl tests bench
+	@$(VENV)/bin/mypy
+	@$(VENV)/bin/lint-imports
+	@$(PY) -m capl.api.crdgen --check config/crd/bases
+
+.PHONY: fmt
+fmt: venv ## format the code
+	@$(VENV)/bin/ruff format capl tests bench
+	@$(VENV)/bin/ruff check --fix capl tests bench
+
+.PHONY: release-manifests
+release-manifests: venv ## write the clusterctl local repository under out/
+	@hack/release-manifests.sh
+
+.PHONY: test
+test: venv lint ## set everything up, then run every test
+	@hack/test.sh
+
+.PHONY: demo
+demo: venv ## run a 3-machine demo cluster on the local libvirtd
+	@hack/demo.sh
+
+.PHONY: bench
+bench: venv ## run the benchmarks (writes bench/results/)
+	@hack/bench.sh
+
+.PHONY: clean
+clean: ## remove build outputs in the repository (not the cache)
+	rm -rf out .mypy_cache .ruff_cache .pytest_cache

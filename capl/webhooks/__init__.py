@@ -1,0 +1,1 @@
+"""capl.webhooks."""

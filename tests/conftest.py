@@ -1,0 +1,7 @@
+"""Root of the test suite: registers the test-bed fixtures (control plane, libvirt hosts)."""
+
+pytest_plugins = [
+    "tests.fixtures.common",
+    "tests.fixtures.controlplane",
+    "tests.fixtures.libvirt",
+]
