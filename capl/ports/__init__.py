@@ -1,0 +1,1 @@
+"""Ports: the Protocols and value types the controllers work against; capl.kube and capl.virt implement them."""
