@@ -148,7 +148,7 @@ if [ "$SUDO" != "__none__" ]; then
 fi
 
 virtlogd_up() {
-	pid_alive "$VIRTLOGD_PIDFILE" virtlogd || [ -S /run/libvirt/virtlogd-sock ]
+	pid_alive "$VIRTLOGD_PIDFILE" virtlogd || pgrep -x virtlogd >/dev/null
 }
 if [ "$CHANGED" = 0 ] && virtlogd_up && healthy; then
 	note "libvirtd and virtlogd already running and healthy ($URI, $TEST_URI): nothing to do"

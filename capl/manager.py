@@ -1,0 +1,1 @@
+"""Wiring of the capl controller manager (filled in with the controllers)."""
