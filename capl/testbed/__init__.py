@@ -1,0 +1,37 @@
+"""The local test bed: a real Kubernetes control plane (etcd + kube-apiserver) on loopback.
+
+Used by the test suite (tests/fixtures/controlplane.py) and by `capl demo`, which is why it
+lives in the package rather than under tests/. It drives its processes only through
+subprocesses, files and plain HTTP(S) — never through kubernetes_asyncio or libvirt — so it
+depends on no other capl layer and any layer above the adapters may use it.
+
+Public face:
+- `ControlPlane`: start/stop etcd and kube-apiserver, restart either one alone, force an etcd
+  compaction, install CRDs, mint kubeconfigs for extra users, read the audit log.
+- `find_assets` / `Assets`: locate the binaries (KUBEBUILDER_ASSETS layout).
+- `capl.testbed.certs`: the small certificate authority and kubeconfig writer behind it.
+- `capl.testbed.process`: child processes that never outlive the parent.
+"""
+
+from capl.testbed.controlplane import (
+    Assets,
+    AssetsMissing,
+    ControlPlane,
+    ControlPlaneError,
+    find_assets,
+    free_port,
+    read_audit_events,
+)
+from capl.testbed.process import ManagedProcess, ProcessFailed
+
+__all__ = [
+    "Assets",
+    "AssetsMissing",
+    "ControlPlane",
+    "ControlPlaneError",
+    "ManagedProcess",
+    "ProcessFailed",
+    "find_assets",
+    "free_port",
+    "read_audit_events",
+]
