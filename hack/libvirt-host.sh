@@ -112,15 +112,20 @@ show_log_and_die() {
 	for f in "${@:2}"; do
 		if [ -s "$f" ]; then
 			echo "--- last lines of $f ---" >&2
-			tail -n 25 "$f" >&2
+			$SUDO tail -n 25 "$f" >&2 || true
 		fi
 	done
 	exit 1
 }
 
+# what `NAME -d` printed while starting (written by this user, so not under /var/log)
+start_out() {
+	echo "${TMPDIR:-/tmp}/capl-$1.start.out"
+}
+
 start_daemon() { # NAME PIDFILE LOG
 	local name="$1" pidfile="$2" log="$3" out
-	out="$LOG_DIR/$name.start.out"
+	out="$(start_out "$name")"
 	note "starting $name"
 	# -d daemonizes after its set-up; a config or socket error makes it exit non-zero here.
 	if ! $SUDO "$name" -d -p "$pidfile" >"$out" 2>&1; then
@@ -172,7 +177,7 @@ fi
 deadline=$((SECONDS + START_DEADLINE))
 until timeout 15 virsh -q -c "$URI" version >/dev/null 2>&1; do
 	if ! pid_alive "$LIBVIRTD_PIDFILE" libvirtd; then
-		show_log_and_die "libvirtd exited during start-up" "$LOG_DIR/libvirtd.start.out" "$LIBVIRTD_LOG"
+		show_log_and_die "libvirtd exited during start-up" "$(start_out libvirtd)" "$LIBVIRTD_LOG"
 	fi
 	if [ "$SECONDS" -ge "$deadline" ]; then
 		err="$(timeout 15 virsh -q -c "$URI" version 2>&1 >/dev/null | head -n 3 || true)"
