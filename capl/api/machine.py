@@ -1,0 +1,217 @@
+"""LibvirtMachine: one libvirt domain that becomes one Kubernetes node (the InfraMachine).
+
+Design notes:
+
+- Everything needed to find the domain again lives in `spec` (`hostName`, `domainUUID`,
+  `providerID`), because `clusterctl move` restores no status. The controller writes these
+  once; transition rules make them immutable once set (see `MACHINE_SPEC_TRANSITION_RULES`).
+  The rules sit on LibvirtMachine's `spec` field, not on `LibvirtMachineSpec`, because
+  templates embed the same spec and must stay mutable for the topology controller's dry runs.
+- `image` is immutable: a different base image means a different machine (a rollout).
+- `networkInterfaces` empty means one NIC on the cluster's network.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal, Self
+
+from pydantic import Field, model_validator
+
+from capl.api.base import (
+    DNS_LABEL_PATTERN,
+    HTTPURL,
+    UUID,
+    AbsolutePath,
+    BridgeName,
+    DNSLabel,
+    IPv4Address,
+    K8sModel,
+    LibvirtName,
+    MACAddress,
+    ProviderID,
+    SHA256Checksum,
+    SizeGiB,
+    cel,
+    immutable_once_set,
+    map_list,
+    schema_extra,
+)
+from capl.api.constants import API_VERSION, Kind
+from capl.api.meta import Condition, InitializationStatus, MachineAddress, ObjectMeta
+
+ImageFormat = Literal["qcow2", "raw"]
+DiskName = Annotated[str, Field(min_length=1, max_length=32, pattern=DNS_LABEL_PATTERN)]
+Firmware = Literal["bios", "uefi"]
+DomainType = Literal["auto", "kvm", "qemu"]
+
+_IMAGE_ONE_SOURCE = cel(
+    "(has(self.url) ? 1 : 0) + (has(self.path) ? 1 : 0) + (has(self.volume) ? 1 : 0) == 1",
+    "image: exactly one of url, path or volume must be set",
+)
+
+
+class ImageSource(K8sModel):
+    """The base image the root disk is a copy-on-write overlay of. Exactly one source."""
+
+    model_config = {"json_schema_extra": schema_extra(rules=[_IMAGE_ONE_SOURCE])}
+
+    url: HTTPURL | None = None
+    """http(s) URL of the image; imported once into the cluster's storage pool per host."""
+    path: AbsolutePath | None = None
+    """Absolute path of an image file on the host."""
+    volume: LibvirtName | None = None
+    """Name of an existing volume in the cluster's storage pool on the host."""
+    checksum: SHA256Checksum | None = None
+    """Expected digest of the image file, `sha256:<64 hex digits>`; verified on import."""
+    format: ImageFormat = "qcow2"
+    """Disk format of the image: qcow2 or raw."""
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> Self:
+        sources = [s for s in (self.url, self.path, self.volume) if s is not None]
+        if len(sources) != 1:
+            raise ValueError("image: exactly one of url, path or volume must be set")
+        return self
+
+
+class RootVolume(K8sModel):
+    """The root disk of the machine."""
+
+    size_gib: SizeGiB = Field(alias="sizeGiB")
+    """Size of the root disk in GiB; at least the virtual size of the image."""
+
+
+class Disk(K8sModel):
+    """An additional empty disk."""
+
+    name: DiskName
+    """Name of the disk, unique within the machine; part of the volume name."""
+    size_gib: SizeGiB = Field(alias="sizeGiB")
+    """Size in GiB."""
+
+
+_NIC_ONE_ATTACHMENT = cel(
+    "!(has(self.network) && has(self.bridge))",
+    "networkInterfaces: network and bridge are mutually exclusive",
+)
+_NIC_IP_ON_CLUSTER_NETWORK = cel(
+    "!has(self.ip) || (!has(self.network) && !has(self.bridge))",
+    "networkInterfaces: ip can only be reserved on the cluster network"
+    " (leave network and bridge unset)",
+    field_path=".ip",
+)
+
+
+class NetworkInterface(K8sModel):
+    """A NIC. With neither network nor bridge set it is attached to the cluster network."""
+
+    model_config = {
+        "json_schema_extra": schema_extra(rules=[_NIC_ONE_ATTACHMENT, _NIC_IP_ON_CLUSTER_NETWORK])
+    }
+
+    network: LibvirtName | None = None
+    """Name of a libvirt network on the host (default: the cluster network)."""
+    bridge: BridgeName | None = None
+    """Name of a host bridge to attach to directly."""
+    mac: MACAddress | None = None
+    """MAC address (default: derived from the machine's identity, stable across restarts)."""
+    ip: IPv4Address | None = None
+    """Fixed IPv4 address, reserved by DHCP on the cluster network."""
+
+
+class LibvirtMachineSpec(K8sModel):
+    """Desired state of a LibvirtMachine."""
+
+    model_config = {
+        "json_schema_extra": schema_extra(
+            rules=[
+                cel(
+                    "!has(self.providerID) || !has(self.domainUUID)"
+                    " || self.providerID == 'libvirt:///' + self.domainUUID",
+                    "providerID must be libvirt:/// followed by domainUUID",
+                    field_path=".providerID",
+                )
+            ]
+        )
+    }
+
+    provider_id: ProviderID | None = Field(default=None, alias="providerID")
+    """`libvirt:///<domain UUID>`; set by the controller, equal to the Node's spec.providerID."""
+    domain_uuid: UUID | None = Field(default=None, alias="domainUUID")
+    """UUID of the libvirt domain; set by the controller when the domain is defined."""
+    host_name: DNSLabel | None = None
+    """Name of the host (spec.hosts[].name of the LibvirtCluster) the domain runs on. Pins the
+    machine when set by the user; otherwise the controller records its placement here."""
+    cpus: int = Field(default=2, ge=1, le=512)
+    """Number of virtual CPUs."""
+    memory_mib: int = Field(default=4096, ge=64, le=4194304, alias="memoryMiB")
+    """Memory in MiB (at least 64)."""
+    image: ImageSource
+    """Base image of the root disk."""
+    root_volume: RootVolume | None = None
+    """Root disk size (default: the virtual size of the image)."""
+    extra_disks: list[Disk] | None = Field(
+        default=None, max_length=16, json_schema_extra=map_list("name")
+    )
+    """Additional empty disks, keyed by name."""
+    network_interfaces: list[NetworkInterface] | None = Field(default=None, max_length=8)
+    """NICs in guest order (default: one NIC on the cluster network)."""
+    firmware: Firmware = "bios"
+    """Boot firmware: bios (SeaBIOS) or uefi (OVMF)."""
+    domain_type: DomainType = "auto"
+    """libvirt domain type: kvm, qemu (TCG emulation) or auto (kvm when the host offers it)."""
+
+
+# Transition rules of a LibvirtMachine's spec (not of templates: see the module docstring).
+MACHINE_SPEC_TRANSITION_RULES = (
+    cel(
+        "self.image == oldSelf.image",
+        "image is immutable",
+        field_path=".image",
+        reason="FieldValueForbidden",
+    ),
+    immutable_once_set("hostName"),
+    immutable_once_set("providerID"),
+    immutable_once_set("domainUUID"),
+)
+
+
+class LibvirtMachineStatus(K8sModel):
+    """Observed state of a LibvirtMachine."""
+
+    initialization: InitializationStatus | None = None
+    """Initial provisioning: `provisioned` turns true once the domain runs and has an address."""
+    addresses: list[MachineAddress] | None = Field(default=None, max_length=32)
+    """Addresses of the machine (Hostname, InternalIP, InternalDNS)."""
+    failure_domain: str | None = Field(default=None, min_length=1, max_length=256)
+    """Failure domain (host name) the machine was placed in."""
+    host: str | None = Field(default=None, max_length=63)
+    """Host the domain runs on."""
+    domain_state: str | None = Field(default=None, max_length=32)
+    """libvirt state of the domain (Running, Shutoff, Paused, ...)."""
+    observed_generation: int | None = Field(default=None, ge=0)
+    """The metadata.generation last reconciled."""
+    conditions: list[Condition] | None = Field(
+        default=None, max_length=32, json_schema_extra=map_list("type")
+    )
+    """Ready, Paused, DomainProvisioned, BootstrapDataDelivered, AddressAssigned."""
+
+
+class LibvirtMachine(K8sModel):
+    """A libvirt domain that is one node of a workload cluster."""
+
+    KIND: ClassVar[str] = Kind.LIBVIRT_MACHINE
+
+    api_version: Literal["infrastructure.cluster.x-k8s.io/v1alpha1"] = API_VERSION
+    kind: Literal["LibvirtMachine"] = "LibvirtMachine"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: LibvirtMachineSpec = Field(
+        json_schema_extra=schema_extra(rules=MACHINE_SPEC_TRANSITION_RULES)
+    )
+    status: LibvirtMachineStatus = Field(default_factory=LibvirtMachineStatus)
+
+
+class LibvirtMachineList(K8sModel):
+    api_version: str = API_VERSION
+    kind: Literal["LibvirtMachineList"] = "LibvirtMachineList"
+    items: list[LibvirtMachine] = Field(default_factory=list)
