@@ -1,1 +1,4 @@
-"""Ports: the Protocols and value types the controllers work against; capl.kube and capl.virt implement them."""
+"""Ports: the Protocols and value types the controllers work against.
+
+capl.kube and capl.virt implement them; tests may implement them in memory.
+"""
