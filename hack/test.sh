@@ -29,7 +29,8 @@ note "set-up: $((SECONDS - stage_start)) s"
 
 PYTEST=(.venv/bin/pytest -p no:cacheprovider)
 for stage in unit virt kube libvirtd e2e; do
-	[ -d "tests/$stage" ] || continue
+	# a stage with no test files yet is skipped (pytest would exit 5, "no tests collected")
+	compgen -G "tests/$stage/test_*.py" >/dev/null || continue
 	timed "tests/$stage" "${PYTEST[@]}" "tests/$stage" ${PYTEST_ARGS:-}
 done
 note "make test: $((SECONDS - stage_start)) s"
