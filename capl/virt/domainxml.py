@@ -1,0 +1,250 @@
+"""Domain XML: built from a ``DomainSpec``, and the bits capl reads back (owner tag, disks).
+
+Choices baked into every domain (see libvirt-notes.md and testbed-facts.md for why):
+
+- ``<disk type='file'>`` with the volume's path (AppArmor cannot resolve ``type='volume'``);
+- ``<features><acpi/><apic/></features>``: ACPI is needed for graceful shutdown and for the
+  guest to see fw_cfg entries;
+- Ignition and other fw_cfg blobs as ``<sysinfo type='fwcfg'>`` entries pointing at files;
+- an SMBIOS ``<sysinfo>`` whose system UUID is the domain UUID (so the guest reads the UUID
+  that the providerID ``libvirt:///<uuid>`` names) and ``<smbios mode='sysinfo'/>``;
+- one serial port as a pty with its output also logged to ``console_log`` (virtlogd), and the
+  console bound to it: ``virsh console`` works and the log survives for debugging;
+- the QEMU guest agent channel, a virtio RNG (faster first boot), on_poweroff=destroy,
+  on_reboot=restart, on_crash=restart;
+- UEFI either with an explicit loader/NVRAM template or ``<os firmware='efi'>``, which lets
+  libvirt pick OVMF from the host's firmware descriptors.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+import xml.etree.ElementTree as ET
+
+from capl.ports.errors import InvalidSpec
+from capl.ports.naming import normalize_mac
+from capl.ports.virt import (
+    DiskBus,
+    DiskDevice,
+    DiskSpec,
+    DomainOwner,
+    DomainSpec,
+    Firmware,
+    NicSpec,
+    VolumeFormat,
+)
+from capl.virt.xmlutil import capl_tag, line, parse, serialize, sub, text
+
+__all__ = [
+    "GUEST_AGENT_CHANNEL",
+    "build_domain_xml",
+    "build_owner_metadata",
+    "owner_from_domain_xml",
+    "owner_from_metadata_xml",
+]
+
+GUEST_AGENT_CHANNEL = "org.qemu.guest_agent.0"
+_OWNER_ELEMENT = "machine"
+
+
+def build_owner_metadata(owner: DomainOwner, *, namespaced: bool = True) -> ET.Element:
+    """``<capl:machine>`` with cluster, namespace, name, uid and kind children."""
+
+    def tag(local: str) -> str:
+        return capl_tag(local) if namespaced else local
+
+    element = ET.Element(tag(_OWNER_ELEMENT))
+    for key, value in (
+        ("cluster", owner.cluster),
+        ("namespace", owner.namespace),
+        ("name", owner.name),
+        ("uid", owner.uid),
+        ("kind", owner.kind),
+    ):
+        sub(element, tag(key), line(value, field=f"owner {key}"))
+    return element
+
+
+def owner_metadata_xml(owner: DomainOwner) -> str:
+    """The owner element for ``virDomainSetMetadata``: without a namespace declaration,
+    libvirt puts the element into the namespace given as the call's key/URI (a declared one
+    makes it fail with "failed to create a new XML namespace")."""
+    return ET.tostring(build_owner_metadata(owner, namespaced=False), encoding="unicode")
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def _owner_from_element(element: ET.Element | None) -> DomainOwner | None:
+    """Read the tag by local names: ``virDomainGetMetadata`` returns it without namespace."""
+    if element is None:
+        return None
+    values = {_local(child.tag): (child.text or "").strip() for child in element}
+    if not values.get("namespace") or not values.get("name"):
+        return None
+    return DomainOwner(
+        cluster=values.get("cluster", ""),
+        namespace=values["namespace"],
+        name=values["name"],
+        uid=values.get("uid", ""),
+        kind=values.get("kind") or "LibvirtMachine",
+    )
+
+
+def owner_from_domain_xml(document: str) -> DomainOwner | None:
+    root = parse(document)
+    return _owner_from_element(root.find(f"metadata/{capl_tag(_OWNER_ELEMENT)}"))
+
+
+def owner_from_metadata_xml(document: str) -> DomainOwner | None:
+    """Parse what ``virDomainGetMetadata(ELEMENT)`` returns (the element itself)."""
+    root = parse(document)
+    if _local(root.tag) != _OWNER_ELEMENT:
+        return None
+    return _owner_from_element(root)
+
+
+def _device_name(prefix: str, index: int) -> str:
+    letters = ""
+    index += 1
+    while index:
+        index, rem = divmod(index - 1, 26)
+        letters = chr(ord("a") + rem) + letters
+    return prefix + letters
+
+
+def _check_uuid(value: str) -> str:
+    try:
+        return str(uuidlib.UUID(value))
+    except ValueError:
+        raise InvalidSpec(f"domain UUID {value!r} is not a UUID") from None
+
+
+def _disk(devices: ET.Element, disk: DiskSpec, target: str, index: int) -> None:
+    field = f"disk {index}"
+    if disk.device is DiskDevice.CDROM and disk.bus is DiskBus.VIRTIO:
+        raise InvalidSpec(f"{field}: a cdrom cannot sit on the virtio bus (use sata or scsi)")
+    element = sub(devices, "disk", type="file", device=disk.device.value)
+    driver_type = "raw" if disk.format is VolumeFormat.ISO else disk.format.value
+    driver = sub(element, "driver", name="qemu", type=driver_type)
+    if disk.device is DiskDevice.DISK and not disk.readonly:
+        driver.set("discard", "unmap")
+    sub(element, "source", file=line(disk.path, field=f"{field} path"))
+    sub(element, "target", dev=target, bus=disk.bus.value)
+    if disk.readonly or disk.device is DiskDevice.CDROM:
+        sub(element, "readonly")
+    if disk.serial:
+        sub(element, "serial", line(disk.serial, field=f"{field} serial"))
+    if disk.boot_order is not None:
+        sub(element, "boot", order=str(disk.boot_order))
+
+
+def _nic(devices: ET.Element, nic: NicSpec, index: int) -> None:
+    field = f"interface {index}"
+    if (nic.network is None) == (nic.bridge is None):
+        raise InvalidSpec(f"{field}: set exactly one of network or bridge")
+    if nic.network is not None:
+        element = sub(devices, "interface", type="network")
+        sub(element, "mac", address=normalize_mac(nic.mac))
+        sub(element, "source", network=line(nic.network, field=f"{field} network"))
+    else:
+        assert nic.bridge is not None
+        element = sub(devices, "interface", type="bridge")
+        sub(element, "mac", address=normalize_mac(nic.mac))
+        sub(element, "source", bridge=line(nic.bridge, field=f"{field} bridge"))
+    sub(element, "model", type=line(nic.model, field=f"{field} model"))
+
+
+def build_domain_xml(spec: DomainSpec) -> str:
+    if spec.vcpus < 1:
+        raise InvalidSpec(f"vcpus must be at least 1, got {spec.vcpus}")
+    if spec.memory_mib < 16:
+        raise InvalidSpec(f"memory must be at least 16 MiB, got {spec.memory_mib}")
+    domain_uuid = _check_uuid(spec.uuid)
+    root = ET.Element("domain", type=line(spec.domain_type, field="domain type"))
+    sub(root, "name", line(spec.name, field="domain name"))
+    sub(root, "uuid", domain_uuid)
+    if spec.title:
+        sub(root, "title", line(spec.title, field="domain title"))
+    if spec.description:
+        sub(root, "description", text(spec.description, field="domain description"))
+    metadata = sub(root, "metadata")
+    metadata.append(build_owner_metadata(spec.owner))
+    sub(root, "memory", str(spec.memory_mib), unit="MiB")
+    sub(root, "currentMemory", str(spec.memory_mib), unit="MiB")
+    sub(root, "vcpu", str(spec.vcpus), placement="static")
+
+    smbios = sub(root, "sysinfo", type="smbios")
+    system = sub(smbios, "system")
+    sub(system, "entry", "capl", name="manufacturer")
+    sub(system, "entry", line(spec.smbios_product, field="SMBIOS product"), name="product")
+    sub(system, "entry", domain_uuid, name="uuid")
+    if spec.fw_cfg:
+        fwcfg = sub(root, "sysinfo", type="fwcfg")
+        seen: set[str] = set()
+        for entry in spec.fw_cfg:
+            name = line(entry.name, field="fw_cfg entry name")
+            if name in seen:
+                raise InvalidSpec(f"fw_cfg entry {name!r} given twice")
+            seen.add(name)
+            sub(fwcfg, "entry", name=name, file=line(entry.file, field=f"fw_cfg {name} file"))
+
+    os_element = sub(root, "os")
+    os_type = sub(os_element, "type", "hvm", arch=line(spec.arch, field="arch"))
+    if spec.machine:
+        os_type.set("machine", line(spec.machine, field="machine type"))
+    if spec.firmware is Firmware.UEFI:
+        if spec.uefi_loader:
+            sub(
+                os_element,
+                "loader",
+                line(spec.uefi_loader, field="UEFI loader"),
+                readonly="yes",
+                type="pflash",
+            )
+            if spec.uefi_nvram_template:
+                sub(
+                    os_element,
+                    "nvram",
+                    template=line(spec.uefi_nvram_template, field="UEFI NVRAM template"),
+                )
+        else:
+            os_element.set("firmware", "efi")
+    if not any(disk.boot_order is not None for disk in spec.disks):
+        sub(os_element, "boot", dev="hd")
+    sub(os_element, "smbios", mode="sysinfo")
+
+    features = sub(root, "features")
+    sub(features, "acpi")
+    sub(features, "apic")
+    if spec.cpu_mode:
+        sub(root, "cpu", mode=line(spec.cpu_mode, field="cpu mode"))
+    sub(root, "clock", offset="utc")
+    sub(root, "on_poweroff", "destroy")
+    sub(root, "on_reboot", "restart")
+    sub(root, "on_crash", "restart")
+
+    devices = sub(root, "devices")
+    counters = {"vd": 0, "sd": 0, "hd": 0}
+    for index, disk in enumerate(spec.disks):
+        prefix = {DiskBus.VIRTIO: "vd", DiskBus.IDE: "hd"}.get(disk.bus, "sd")
+        _disk(devices, disk, _device_name(prefix, counters[prefix]), index)
+        counters[prefix] += 1
+    if any(disk.bus is DiskBus.SCSI for disk in spec.disks):
+        sub(devices, "controller", type="scsi", index="0", model="virtio-scsi")
+    for index, nic in enumerate(spec.nics):
+        _nic(devices, nic, index)
+    serial = sub(devices, "serial", type="pty")
+    if spec.console_log:
+        sub(serial, "log", file=line(spec.console_log, field="console log path"), append="on")
+    sub(serial, "target", port="0")
+    console = sub(devices, "console", type="pty")
+    sub(console, "target", type="serial", port="0")
+    if spec.guest_agent:
+        channel = sub(devices, "channel", type="unix")
+        sub(channel, "target", type="virtio", name=GUEST_AGENT_CHANNEL)
+    rng = sub(devices, "rng", model="virtio")
+    sub(rng, "backend", "/dev/urandom", model="random")
+    sub(devices, "memballoon", model="virtio")
+    return serialize(root)

@@ -1,0 +1,120 @@
+"""The process-wide libvirt event loop and the fan-out of events to asyncio.
+
+libvirt delivers domain events, close callbacks and keepalive only while an event loop
+implementation runs. ``libvirtaio`` would bind that to one asyncio loop, once per process,
+which breaks under pytest's loop-per-test and couples libvirt's timers to our loop's health.
+Instead (libvirt-notes.md): ``virEventRegisterDefaultImpl()`` once per process, before the
+first connection, and one daemon thread running ``virEventRunDefaultImpl()`` forever.
+
+Callbacks run on that thread and must not block or call back into libvirt over RPC; they
+only build a value object and hand it to every subscriber with
+``loop.call_soon_threadsafe``. Each subscription remembers the loop that was running when it
+was made, so subscribers on different (test) loops each get events on their own loop, and a
+subscription whose loop has closed is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import libvirt
+
+from capl.ports.virt import VirtEvent, VirtEventListener
+
+__all__ = ["EventHub", "EventSubscription", "ensure_event_loop"]
+
+log = logging.getLogger(__name__)
+
+_started = False
+_start_lock = threading.Lock()
+
+
+def _ignore_error(_ctx: object, _err: object) -> None:
+    """libvirt's default handler prints every error to stderr; we raise typed errors instead."""
+
+
+def _run_forever() -> None:
+    while True:
+        try:
+            libvirt.virEventRunDefaultImpl()
+        except Exception:  # the thread must survive anything a callback raises
+            log.exception("libvirt event loop iteration failed")
+
+
+def ensure_event_loop() -> None:
+    """Register the default event implementation and start its thread (idempotent)."""
+    global _started
+    if _started:
+        return
+    with _start_lock:
+        if _started:
+            return
+        libvirt.registerErrorHandler(_ignore_error, None)
+        libvirt.virEventRegisterDefaultImpl()
+        thread = threading.Thread(target=_run_forever, name="libvirt-events", daemon=True)
+        thread.start()
+        _started = True
+
+
+class EventSubscription:
+    __slots__ = ("_closed", "_hub", "listener", "loop")
+
+    def __init__(
+        self, hub: EventHub, listener: VirtEventListener, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._hub = hub
+        self._closed = False
+        self.listener = listener
+        self.loop = loop
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        self._closed = True
+        self._hub.remove(self)
+
+    def deliver(self, event: VirtEvent) -> None:
+        if self._closed:
+            return
+        try:
+            self.listener(event)
+        except Exception:
+            log.exception("event listener failed on %s", type(event).__name__)
+
+
+class EventHub:
+    """Thread-safe list of subscribers; ``publish`` may be called from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subscriptions: list[EventSubscription] = []
+
+    def subscribe(self, listener: VirtEventListener) -> EventSubscription:
+        subscription = EventSubscription(self, listener, asyncio.get_running_loop())
+        with self._lock:
+            self._subscriptions.append(subscription)
+        return subscription
+
+    def remove(self, subscription: EventSubscription) -> None:
+        with self._lock:
+            if subscription in self._subscriptions:
+                self._subscriptions.remove(subscription)
+
+    def publish(self, event: VirtEvent) -> None:
+        with self._lock:
+            subscriptions = list(self._subscriptions)
+        for subscription in subscriptions:
+            if subscription.closed:
+                continue
+            try:
+                subscription.loop.call_soon_threadsafe(subscription.deliver, event)
+            except RuntimeError:  # its loop is closed: the subscriber is gone
+                self.remove(subscription)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._subscriptions)

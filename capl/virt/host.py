@@ -1,0 +1,393 @@
+"""``LibvirtHost``: the ``capl.ports.virt.Host`` implementation for one libvirt URI.
+
+Every method runs its libvirt calls as one closure in the host's worker pool (see
+``connection.HostConnection.run``); read-modify-write sequences take the per-pool or
+per-network lock inside that closure. Waiting (graceful shutdown) happens on the asyncio side
+with short polls, never by blocking a worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import libvirt
+
+from capl.ports.errors import InvalidSpec, VirtError
+from capl.ports.virt import (
+    BaseImage,
+    ClusterOwner,
+    DhcpHost,
+    DhcpLease,
+    DnsHost,
+    DomainInfo,
+    DomainOwner,
+    DomainSpec,
+    DomainState,
+    HostId,
+    HostInfo,
+    ImageSource,
+    InterfaceAddress,
+    NetworkInfo,
+    NetworkSpec,
+    PoolInfo,
+    PoolSpec,
+    StopResult,
+    VolumeFormat,
+    VolumeInfo,
+    VolumeRef,
+)
+from capl.virt import domain as domains
+from capl.virt import network as networks
+from capl.virt import storage
+from capl.virt.connection import HostConnection
+from capl.virt.errors import is_unsupported_flags
+from capl.virt.images import ImageImporter
+from capl.virt.storagexml import DomainCaps, parse_domain_caps, parse_host_caps
+from capl.virt.support import LockTable
+
+__all__ = ["LibvirtHost"]
+
+_SHUTDOWN_POLL_FIRST = 0.05
+_SHUTDOWN_POLL_MAX = 1.0
+
+
+def _version(number: int) -> str:
+    major, rest = divmod(int(number), 1_000_000)
+    minor, release = divmod(rest, 1000)
+    return f"{major}.{minor}.{release}"
+
+
+def _best_type(types: Sequence[str]) -> str:
+    for preferred in ("kvm", "qemu"):
+        if preferred in types:
+            return preferred
+    return types[0] if types else "qemu"
+
+
+class LibvirtHost:
+    def __init__(self, connection: HostConnection, *, importer: ImageImporter) -> None:
+        self._conn = connection
+        self._importer = importer
+        self._locks = LockTable()
+        self._static: tuple[str, str, str, str, str, tuple[str, ...], DomainCaps] | None = None
+        self._static_generation = -1
+
+    @property
+    def host_id(self) -> HostId:
+        return self._conn.host_id
+
+    @property
+    def connection(self) -> HostConnection:
+        return self._conn
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+    # -- host -----------------------------------------------------------------------------
+
+    async def info(self) -> HostInfo:
+        def op(c: Any) -> HostInfo:
+            generation = self._conn.generation
+            if self._static is None or self._static_generation != generation:
+                hostname = str(c.getHostname())
+                lib = _version(c.getLibVersion())
+                hypervisor = str(c.getType())
+                hv_version = _version(c.getVersion())
+                caps = parse_host_caps(c.getCapabilities())
+                best = _best_type(caps.domain_types)
+                try:
+                    domcaps = parse_domain_caps(
+                        c.getDomainCapabilities(None, caps.arch or None, None, best, 0)
+                    )
+                except libvirt.libvirtError as exc:
+                    if not is_unsupported_flags(exc) and exc.get_error_code() not in (
+                        libvirt.VIR_ERR_INVALID_ARG,
+                        libvirt.VIR_ERR_INTERNAL_ERROR,
+                    ):
+                        raise
+                    domcaps = DomainCaps(efi=False, loaders=())
+                self._static = (
+                    hostname,
+                    lib,
+                    hypervisor,
+                    hv_version,
+                    caps.arch,
+                    caps.domain_types,
+                    domcaps,
+                )
+                self._static_generation = generation
+            hostname, lib, hypervisor, hv_version, arch, types, domcaps = self._static
+            model_info = c.getInfo()
+            free = int(c.getFreeMemory())
+            return HostInfo(
+                host_id=self.host_id,
+                hostname=hostname,
+                arch=arch or str(model_info[0]),
+                cpus=int(model_info[2]),
+                memory_total_bytes=int(model_info[1]) * 1024 * 1024,
+                memory_free_bytes=free,
+                libvirt_version=lib,
+                hypervisor=hypervisor,
+                hypervisor_version=hv_version,
+                domain_types=types,
+                best_domain_type=_best_type(types),
+                uefi_supported=domcaps.efi,
+                uefi_loaders=domcaps.loaders,
+            )
+
+        return await self._conn.run("read host info", op)
+
+    async def reachable(self) -> bool:
+        try:
+            await self._conn.run("ping", lambda c: c.getLibVersion())
+        except VirtError as exc:
+            return exc.reason != "HostUnreachable"
+        return True
+
+    # -- storage --------------------------------------------------------------------------
+
+    async def ensure_pool(self, spec: PoolSpec) -> PoolInfo:
+        def op(c: Any) -> PoolInfo:
+            with self._locks.get("pool", spec.name):
+                return storage.ensure_pool(c, spec)
+
+        return await self._conn.run(f"ensure storage pool {spec.name}", op)
+
+    async def get_pool(self, name: str) -> PoolInfo | None:
+        return await self._conn.run(
+            f"read storage pool {name}", lambda c: storage.get_pool(c, name)
+        )
+
+    async def delete_pool(self, *, name: str, owner: ClusterOwner) -> bool:
+        def op(c: Any) -> bool:
+            with self._locks.get("pool", name):
+                return storage.delete_pool(c, name, owner)
+
+        return await self._conn.run(f"delete storage pool {name}", op)
+
+    async def ensure_base_image(self, *, pool: str, name: str, source: ImageSource) -> BaseImage:
+        return await self._importer.ensure(
+            self._conn, self._locks, pool=pool, name=name, source=source
+        )
+
+    async def create_overlay(
+        self, *, pool: str, name: str, backing: BaseImage, capacity_bytes: int
+    ) -> VolumeInfo:
+        base = backing.volume
+        backing_format = base.format if base.format in ("qcow2", "raw") else None
+
+        def op(c: Any) -> VolumeInfo:
+            with self._locks.get("pool", pool):
+                return storage.create_volume(
+                    c,
+                    pool,
+                    name,
+                    capacity_bytes=max(capacity_bytes, backing.virtual_size_bytes),
+                    format=VolumeFormat.QCOW2,
+                    backing_path=base.path,
+                    backing_format=backing_format,
+                )
+
+        return await self._conn.run(f"create overlay volume {name} in pool {pool}", op)
+
+    async def create_volume(
+        self,
+        *,
+        pool: str,
+        name: str,
+        capacity_bytes: int,
+        format: VolumeFormat = VolumeFormat.QCOW2,
+    ) -> VolumeInfo:
+        if capacity_bytes <= 0:
+            raise InvalidSpec(f"volume {name}: capacity must be positive")
+
+        def op(c: Any) -> VolumeInfo:
+            with self._locks.get("pool", pool):
+                return storage.create_volume(
+                    c, pool, name, capacity_bytes=capacity_bytes, format=format
+                )
+
+        return await self._conn.run(f"create volume {name} in pool {pool}", op)
+
+    async def upload_volume(self, *, pool: str, name: str, data: bytes) -> VolumeInfo:
+        def op(c: Any) -> VolumeInfo:
+            with self._locks.get("pool", pool):
+                return storage.upload_bytes(c, pool, name, data)
+
+        return await self._conn.run(f"upload volume {name} to pool {pool}", op)
+
+    async def get_volume(self, *, pool: str, name: str) -> VolumeInfo | None:
+        return await self._conn.run(
+            f"read volume {name} in pool {pool}", lambda c: storage.get_volume(c, pool, name)
+        )
+
+    async def list_volumes(
+        self, *, pool: str, prefix: str = "", refresh: bool = False
+    ) -> list[VolumeRef]:
+        def op(c: Any) -> list[VolumeRef]:
+            if not refresh:
+                return storage.list_volumes(c, pool, prefix, False)
+            with self._locks.get("pool", pool):
+                return storage.list_volumes(c, pool, prefix, True)
+
+        return await self._conn.run(f"list volumes of pool {pool}", op)
+
+    async def delete_volume(self, *, pool: str, name: str) -> bool:
+        def op(c: Any) -> bool:
+            with self._locks.get("pool", pool):
+                return storage.delete_volume(c, pool, name)
+
+        return await self._conn.run(f"delete volume {name} in pool {pool}", op)
+
+    # -- networks -------------------------------------------------------------------------
+
+    async def ensure_network(self, spec: NetworkSpec, *, adopt: bool = False) -> NetworkInfo:
+        def op(c: Any) -> NetworkInfo:
+            with self._locks.get("network", spec.name):
+                return networks.ensure_network(c, spec, adopt=adopt)
+
+        return await self._conn.run(f"ensure network {spec.name}", op)
+
+    async def get_network(self, name: str) -> NetworkInfo | None:
+        return await self._conn.run(f"read network {name}", lambda c: networks.get_network(c, name))
+
+    async def delete_network(self, *, name: str, owner: ClusterOwner) -> bool:
+        def op(c: Any) -> bool:
+            with self._locks.get("network", name):
+                return networks.delete_network(c, name, owner)
+
+        return await self._conn.run(f"delete network {name}", op)
+
+    async def ensure_dhcp_host(
+        self,
+        *,
+        network: str,
+        mac: str,
+        name: str | None = None,
+        ip: str | None = None,
+        exclude: Collection[str] = (),
+    ) -> DhcpHost:
+        excluded = frozenset(exclude)
+
+        def op(c: Any) -> DhcpHost:
+            with self._locks.get("network", network):
+                return networks.ensure_dhcp_host(
+                    c, network, mac=mac, host_name=name, ip=ip, exclude=excluded
+                )
+
+        return await self._conn.run(f"reserve DHCP address for {mac} in network {network}", op)
+
+    async def remove_dhcp_host(self, *, network: str, mac: str) -> bool:
+        def op(c: Any) -> bool:
+            with self._locks.get("network", network):
+                return networks.remove_dhcp_host(c, network, mac)
+
+        return await self._conn.run(f"remove DHCP host {mac} from network {network}", op)
+
+    async def add_dns_hostnames(
+        self, *, network: str, ip: str, hostnames: Sequence[str]
+    ) -> DnsHost:
+        names = tuple(hostnames)
+
+        def op(c: Any) -> DnsHost:
+            with self._locks.get("network", network):
+                return networks.add_dns_hostnames(c, network, ip, names)
+
+        return await self._conn.run(f"add DNS host {ip} to network {network}", op)
+
+    async def remove_dns_hostnames(
+        self, *, network: str, ip: str, hostnames: Sequence[str] | None = None
+    ) -> bool:
+        names = tuple(hostnames) if hostnames is not None else None
+
+        def op(c: Any) -> bool:
+            with self._locks.get("network", network):
+                return networks.remove_dns_hostnames(c, network, ip, names)
+
+        return await self._conn.run(f"remove DNS host {ip} from network {network}", op)
+
+    async def dhcp_leases(self, *, network: str) -> list[DhcpLease]:
+        return await self._conn.run(
+            f"read DHCP leases of network {network}", lambda c: networks.dhcp_leases(c, network)
+        )
+
+    async def find_free_ip(self, *, network: str, exclude: Collection[str] = ()) -> str:
+        excluded = frozenset(exclude)
+        return await self._conn.run(
+            f"find a free address in network {network}",
+            lambda c: networks.find_free_ip(c, network, excluded),
+        )
+
+    # -- domains --------------------------------------------------------------------------
+
+    async def define_domain(self, spec: DomainSpec) -> DomainInfo:
+        return await self._conn.run(
+            f"define domain {spec.name}", lambda c: domains.define(c, self.host_id, spec)
+        )
+
+    async def get_domain(self, uuid: str) -> DomainInfo | None:
+        return await self._conn.run(
+            f"read domain {uuid}", lambda c: domains.get(c, self.host_id, uuid)
+        )
+
+    async def start_domain(self, uuid: str, *, owner: DomainOwner) -> DomainInfo:
+        return await self._conn.run(
+            f"start domain {uuid}", lambda c: domains.start(c, self.host_id, uuid, owner)
+        )
+
+    async def request_shutdown(self, uuid: str, *, owner: DomainOwner) -> None:
+        await self._conn.run(
+            f"shut down domain {uuid}", lambda c: domains.request_shutdown(c, uuid, owner)
+        )
+
+    async def stop_domain(
+        self, uuid: str, *, owner: DomainOwner, grace_period: float
+    ) -> StopResult:
+        requested = await self._conn.run(
+            f"shut down domain {uuid}", lambda c: domains.request_shutdown(c, uuid, owner)
+        )
+        if not requested:
+            return StopResult.ALREADY_STOPPED
+        deadline = time.monotonic() + max(0.0, grace_period)
+        delay = _SHUTDOWN_POLL_FIRST
+        while True:
+            current = await self._conn.run(
+                f"read state of domain {uuid}", lambda c: domains.state(c, uuid)
+            )
+            if current in (None, DomainState.SHUTOFF):
+                return StopResult.SHUTDOWN
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(delay * 2, _SHUTDOWN_POLL_MAX)
+        destroyed = await self.destroy_domain(uuid, owner=owner)
+        return StopResult.DESTROYED if destroyed else StopResult.SHUTDOWN
+
+    async def destroy_domain(self, uuid: str, *, owner: DomainOwner) -> bool:
+        return await self._conn.run(
+            f"destroy domain {uuid}", lambda c: domains.destroy(c, uuid, owner)
+        )
+
+    async def undefine_domain(self, uuid: str, *, owner: DomainOwner) -> bool:
+        return await self._conn.run(
+            f"undefine domain {uuid}", lambda c: domains.undefine(c, uuid, owner)
+        )
+
+    async def retag_domain(self, uuid: str, *, owner: DomainOwner) -> DomainInfo:
+        return await self._conn.run(
+            f"retag domain {uuid}", lambda c: domains.retag(c, self.host_id, uuid, owner)
+        )
+
+    async def list_domains(self, *, cluster: str | None = None) -> list[DomainInfo]:
+        return await self._conn.run(
+            "list domains", lambda c: domains.list_owned(c, self.host_id, cluster)
+        )
+
+    async def domain_addresses(self, uuid: str) -> list[InterfaceAddress]:
+        return await self._conn.run(
+            f"read addresses of domain {uuid}", lambda c: domains.domain_addresses(c, uuid)
+        )
