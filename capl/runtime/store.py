@@ -1,0 +1,170 @@
+"""The informer's in-memory cache of one kind, with secondary indexes.
+
+An index maps an index value to the keys of the objects that produce it; an `Indexer` is a plain
+function `obj -> iterable of values`. Two indexes are built in: by owner UID (`INDEX_OWNER_UID`)
+and by cluster (`INDEX_CLUSTER`, value "namespace/cluster-name" from the
+`cluster.x-k8s.io/cluster-name` label). Objects in the store are shared: read-only for callers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from capl.runtime.objects import (
+    CLUSTER_NAME_LABEL,
+    Obj,
+    ObjectKey,
+    key_of,
+    labels,
+    owner_references,
+)
+
+Indexer = Callable[[Obj], Iterable[str]]
+ObjList = list[Obj]
+KeyList = list[ObjectKey]
+
+INDEX_OWNER_UID = "owner-uid"
+INDEX_CLUSTER = "cluster"
+
+
+def index_owner_uid(obj: Obj) -> Iterable[str]:
+    return [str(ref["uid"]) for ref in owner_references(obj) if ref.get("uid")]
+
+
+def index_cluster(obj: Obj) -> Iterable[str]:
+    name = labels(obj).get(CLUSTER_NAME_LABEL)
+    if not name:
+        return ()
+    return (cluster_index_value(obj["metadata"].get("namespace") or "", name),)
+
+
+def cluster_index_value(namespace: str, cluster_name: str) -> str:
+    """The INDEX_CLUSTER value for a cluster."""
+    return f"{namespace}/{cluster_name}"
+
+
+DEFAULT_INDEXERS: Mapping[str, Indexer] = {
+    INDEX_OWNER_UID: index_owner_uid,
+    INDEX_CLUSTER: index_cluster,
+}
+
+
+def selector_matches(selector: Mapping[str, str] | None, obj: Obj) -> bool:
+    """Equality-based label selector match."""
+    if not selector:
+        return True
+    have = labels(obj)
+    return all(have.get(k) == v for k, v in selector.items())
+
+
+class Store:
+    """Objects by key, plus indexes."""
+
+    def __init__(self, indexers: Mapping[str, Indexer] | None = None) -> None:
+        self._items: dict[ObjectKey, Obj] = {}
+        self._indexers: dict[str, Indexer] = dict(
+            DEFAULT_INDEXERS if indexers is None else indexers
+        )
+        self._indices: dict[str, dict[str, set[ObjectKey]]] = {n: {} for n in self._indexers}
+        self._values: dict[str, dict[ObjectKey, tuple[str, ...]]] = {n: {} for n in self._indexers}
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def get(self, key: ObjectKey) -> Obj | None:
+        return self._items.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Obj]:
+        return iter(list(self._items.values()))
+
+    def list_keys(self) -> KeyList:
+        return list(self._items)
+
+    def list(
+        self, *, namespace: str | None = None, selector: Mapping[str, str] | None = None
+    ) -> ObjList:
+        """Objects in a namespace (all when None) whose labels match `selector`."""
+        return [
+            obj
+            for key, obj in self._items.items()
+            if (namespace is None or key.namespace == namespace) and selector_matches(selector, obj)
+        ]
+
+    def index_keys(self, index: str, value: str) -> KeyList:
+        try:
+            return list(self._indices[index].get(value, ()))
+        except KeyError:
+            raise KeyError(f"no index {index!r}") from None
+
+    def by_index(self, index: str, value: str) -> ObjList:
+        return [self._items[k] for k in self.index_keys(index, value)]
+
+    @property
+    def indexers(self) -> dict[str, Indexer]:
+        return dict(self._indexers)
+
+    # -- writing (the informer) --------------------------------------------------------------
+
+    def add_indexer(self, name: str, indexer: Indexer) -> None:
+        """Add an index (built from the current content)."""
+        if name in self._indexers:
+            if self._indexers[name] is indexer:
+                return
+            raise ValueError(f"index {name!r} already exists")
+        self._indexers[name] = indexer
+        self._indices[name] = {}
+        self._values[name] = {}
+        for key, obj in self._items.items():
+            self._index(name, key, obj)
+
+    def upsert(self, obj: Obj) -> Obj | None:
+        """Insert or replace; returns the previous object."""
+        key = key_of(obj)
+        old = self._items.get(key)
+        self._items[key] = obj
+        for name in self._indexers:
+            self._index(name, key, obj)
+        return old
+
+    def delete(self, key: ObjectKey) -> Obj | None:
+        old = self._items.pop(key, None)
+        if old is not None:
+            for name in self._indexers:
+                self._unindex(name, key)
+        return old
+
+    def clear(self) -> None:
+        self._items.clear()
+        for name in self._indexers:
+            self._indices[name].clear()
+            self._values[name].clear()
+
+    def _index(self, name: str, key: ObjectKey, obj: Obj) -> None:
+        values = tuple(self._indexers[name](obj))
+        previous = self._values[name].get(key)
+        if previous == values:
+            return
+        if previous:
+            self._unindex(name, key)
+        if values:
+            self._values[name][key] = values
+            index = self._indices[name]
+            for value in values:
+                index.setdefault(value, set()).add(key)
+
+    def _unindex(self, name: str, key: ObjectKey) -> None:
+        previous = self._values[name].pop(key, None)
+        if not previous:
+            return
+        index = self._indices[name]
+        for value in previous:
+            bucket = index.get(value)
+            if bucket is not None:
+                bucket.discard(key)
+                if not bucket:
+                    del index[value]
