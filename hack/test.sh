@@ -23,6 +23,8 @@ if [ -x hack/capi.sh ]; then
 	CAPL_CAPI_DIR="$(timed capi hack/capi.sh | tail -n1)"
 	export CAPL_CAPI_DIR
 fi
+# The clusterctl local repository the e2e tests install capl from (out/infrastructure-libvirt).
+timed release-manifests hack/release-manifests.sh >/dev/null
 # Every fixture must find its part: a missing part fails the run instead of skipping tests.
 export CAPL_REQUIRE_ALL=1
 note "set-up: $((SECONDS - stage_start)) s"
