@@ -8,4 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-REGISTRARS: list[Callable[[Any], None]] = []
+from capl.commands import console, images, status
+
+REGISTRARS: list[Callable[[Any], None]] = [status.register, console.register, images.register]
