@@ -11,6 +11,9 @@
   publishes ``HostEvent(CONNECTED)``, so the controller can requeue that host's objects.
   Callers arriving during a backoff window get the last ``HostUnreachable`` at once instead
   of piling up connection attempts.
+- A failed connect whose libvirt text is a known credentials problem (ssh host key
+  mismatch, key refused, TLS certificate not trusted either way) gets a hint in front of
+  libvirt's verbatim text that names the Secret key at fault (``connect_hint``).
 - Every libvirt call made through ``run`` is counted per host and method
   (``virDomain.create``...) by a transparent proxy around the connection and the objects it
   returns; methods that never leave the process (``name``, ``UUIDString``...) are not
@@ -41,7 +44,7 @@ from capl.virt.events import EventHub, ensure_event_loop
 from capl.virt.states import event_detail_name
 from capl.virt.uri import ConnectPlan
 
-__all__ = ["CallCounter", "HostConnection"]
+__all__ = ["CallCounter", "HostConnection", "connect_hint"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +79,74 @@ _EVENT_KINDS = {
     libvirt.VIR_DOMAIN_EVENT_CRASHED: DomainEventKind.CRASHED,
 }
 _CLOSE_REASONS = {0: "error", 1: "end of file", 2: "keepalive timeout", 3: "client closed"}
+
+_SSH = frozenset({"ssh", "libssh", "libssh2"})
+_TLS = frozenset({"tls"})
+# (transports, text in libvirt's message, what it means in terms of the credentials Secret).
+# The first match wins; libvirt's own text always follows the hint verbatim.
+_CONNECT_HINTS: tuple[tuple[frozenset[str], str, str], ...] = (
+    (
+        _SSH,
+        "REMOTE HOST IDENTIFICATION HAS CHANGED",
+        "ssh host key verification failed: the host's key does not match known_hosts"
+        " of the credentials Secret",
+    ),
+    (
+        _SSH,
+        "host key is known for",
+        "ssh host key verification failed: known_hosts of the credentials Secret has no key"
+        " for this host (with a port other than 22 the entry is written [host]:port)",
+    ),
+    (_SSH, "Host key verification failed", "ssh host key verification failed"),
+    (
+        _SSH,
+        "Permission denied",
+        "ssh authentication failed: the host did not accept the private key of the"
+        " credentials Secret",
+    ),
+    (
+        _TLS,
+        "Our own certificate",
+        "TLS client certificate unusable: tls.crt is not signed by ca.crt of the"
+        " credentials Secret",
+    ),
+    (
+        _TLS,
+        "do not match",
+        "TLS client certificate unusable: tls.key is not the key of tls.crt",
+    ),
+    (
+        _TLS,
+        "Unable to import",
+        "TLS credentials unusable: a file of the credentials Secret is not valid PEM",
+    ),
+    (
+        _TLS,
+        "Cannot read CA certificate",
+        "TLS credentials missing: give the host a credentials Secret with ca.crt, tls.crt"
+        " and tls.key",
+    ),
+    (
+        _TLS,
+        "Failed to verify peer's certificate",
+        "TLS server certificate not trusted: the host's certificate is not signed by ca.crt"
+        " of the credentials Secret, or does not name the host of the URI",
+    ),
+    (
+        _TLS,
+        "Unable to read TLS confirmation",
+        "the host rejected the TLS connection, most likely the client certificate: tls.crt"
+        " must be signed by a CA the host trusts (and match its tls_allowed_dn_list)",
+    ),
+)
+
+
+def connect_hint(transport: str, detail: str) -> str | None:
+    """What a failed connect means for the user, when libvirt's text is a known one."""
+    for transports, needle, hint in _CONNECT_HINTS:
+        if transport in transports and needle in detail:
+            return hint
+    return None
 
 
 class CallCounter:
@@ -263,6 +334,9 @@ class HostConnection:
             conn = libvirt.open(self.plan.uri)
         except libvirt.libvirtError as exc:
             detail = " ".join((exc.get_error_message() or str(exc)).split())
+            hint = connect_hint(self.plan.transport, detail)
+            if hint:
+                detail = f"{hint}: {detail}"
             error = HostUnreachable(
                 f"connect to {self.host_id}: {detail}",
                 host=self.host_id,

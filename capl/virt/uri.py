@@ -4,6 +4,8 @@ Supported
 ---------
 - ``qemu:///system``, ``qemu:///session``, ``qemu+unix://...``: local sockets, no credentials.
 - ``test:///default`` (and ``test:///<file>.xml``), ``test+unix:///default``: test driver.
+  The test driver behind a remote transport (``test+tls://``, ``test+ssh://``) gets the
+  same credential handling as ``qemu`` (the transport, not the driver, decides).
 - ``qemu+ssh://user@host[:port]/system``: libvirt spawns ``ssh``. With credentials, the
   Secret's ``ssh-privatekey`` becomes ``keyfile=`` and its ``known_hosts`` is enforced
   through a generated ``ssh`` wrapper (``command=``) that pins ``UserKnownHostsFile``,
@@ -101,14 +103,27 @@ class ConnectPlan:
         return f"ConnectPlan(host_id={self.host_id!r}, transport={self.transport!r})"
 
 
+def _without_password(netloc: str) -> str:
+    if "@" not in netloc:
+        return netloc
+    user, _, hostport = netloc.rpartition("@")
+    return f"{user.split(':', 1)[0]}@{hostport}"
+
+
 def host_id_of(uri: str) -> HostId:
-    """The URI without query and fragment (and without a password, should one be given)."""
-    parts = urlsplit(uri.strip())
-    netloc = parts.netloc
-    if "@" in netloc:
-        user, _, hostport = netloc.rpartition("@")
-        netloc = f"{user.split(':', 1)[0]}@{hostport}"
-    return HostId(f"{parts.scheme}://{netloc}{parts.path}")
+    """The URI without query and fragment (and without a password, should one be given).
+
+    Never raises: the controllers map host events back to objects with it, also for URIs
+    that `plan_connection` refuses (e.g. an unclosed IPv6 bracket urllib cannot split).
+    """
+    try:
+        parts = urlsplit(uri.strip())
+    except ValueError:
+        base = uri.strip().split("#", 1)[0].split("?", 1)[0]
+        scheme, separator, rest = base.partition("://")
+        netloc, slash, path = rest.partition("/")
+        return HostId(f"{scheme}{separator}{_without_password(netloc)}{slash}{path}")
+    return HostId(f"{parts.scheme}://{_without_password(parts.netloc)}{parts.path}")
 
 
 def _write(directory: Path, name: str, content: bytes, mode: int) -> Path:
@@ -147,7 +162,14 @@ def plan_connection(
     options = options or HostOptions()
     uri = uri.strip()
     host_id = host_id_of(uri)
-    parts = urlsplit(uri)
+    try:
+        parts = urlsplit(uri)
+        if parts.port == 0:  # .port raises ValueError for non-numbers and > 65535
+            raise ValueError("port 0")
+    except ValueError as exc:
+        raise CredentialsError(
+            f"host URI {host_id}: not a valid URI ({exc})", host=host_id
+        ) from None
     driver, _, transport = parts.scheme.partition("+")
     if driver not in _DRIVERS:
         raise CredentialsError(
@@ -171,6 +193,11 @@ def plan_connection(
             f"host URI {host_id}: passwords in URIs are not supported", host=host_id
         )
     remote = bool(parts.hostname)
+    if (parts.hostname or "").startswith("-"):  # would read as an option to ssh
+        raise CredentialsError(
+            f"host URI {host_id}: host name {parts.hostname!r} must not start with '-'",
+            host=host_id,
+        )
     if not transport:
         transport = "tls" if remote else "unix"
     if transport in {"ssh", "libssh", "libssh2", "tls", "tcp"} and not remote:
@@ -184,7 +211,7 @@ def plan_connection(
             "TCP explicitly",
             host=host_id,
         )
-    if driver == "test" or transport in {"unix", "tcp"}:
+    if transport in {"unix", "tcp"}:
         return ConnectPlan(
             uri=uri,
             host_id=host_id,
