@@ -176,9 +176,13 @@ UUID_PATTERN = rf"^{_UUID}$"
 PROVIDER_ID_PATTERN = rf"^libvirt:///{_UUID}$"
 # driver[+transport]://[user@][host[:port]]/path[?query]: qemu:///system, qemu+ssh://h/system,
 # qemu+tls://h/system, test:///default, test+unix:///default.
-LIBVIRT_URI_PATTERN = r"^[a-z][a-z0-9]*(\+[a-z0-9]+)?://[^\s/]*/[^\s]*$"
-HTTP_URL_PATTERN = r"^https?://[^\s/]+(/[^\s]*)?$"
-ABSOLUTE_PATH_PATTERN = r"^/[^\s]*$"
+# These three allow printable ASCII only ([!-~], i.e. no whitespace, no controls, no
+# non-ASCII: percent-encode those). An explicit class, not `\s`: the API server's regex engine
+# (RE2) reads `\s` as ASCII whitespace and pydantic's (Rust) as Unicode whitespace, so `[^\s]`
+# would let the server store values the controllers cannot parse.
+LIBVIRT_URI_PATTERN = r"^[a-z][a-z0-9]*(\+[a-z0-9]+)?://[!-.0-~]*/[!-~]*$"
+HTTP_URL_PATTERN = r"^https?://[!-.0-~]+(/[!-~]*)?$"
+ABSOLUTE_PATH_PATTERN = r"^/[!-~]*$"
 # libvirt volume and network names: printable, no slash, no whitespace.
 LIBVIRT_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$"
 # Linux interface names (IFNAMSIZ - 1 = 15 bytes).

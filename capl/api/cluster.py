@@ -61,6 +61,12 @@ class LibvirtHost(K8sModel):
     optionally `known_hosts`) for qemu+ssh, `tls.crt`, `tls.key` and `ca.crt` for qemu+tls."""
     control_plane: bool = True
     """Whether control-plane machines may be placed on this host."""
+    insecure_skip_host_key_verification: bool = False
+    """qemu+ssh/libssh without a `known_hosts` key in the credentials Secret: connect without
+    verifying the host key (man-in-the-middle risk; refused unless set)."""
+    allow_insecure_tcp: bool = Field(default=False, alias="allowInsecureTCP")
+    """Permit a qemu+tcp URI: unauthenticated and unencrypted, effectively root on the host for
+    anyone on the network (refused unless set)."""
 
 
 class DHCPRange(K8sModel):

@@ -159,6 +159,14 @@ class Reason(StrEnum):
     NAME_COLLISION = "NameCollision"
     DOMAIN_NOT_RUNNING = "DomainNotRunning"
     DOMAIN_ERROR = "DomainError"
+    FOREIGN_DOMAIN = "ForeignDomain"
+    # Reported after the controller repaired something done out of band.
+    DOMAIN_RESTARTED = "DomainRestarted"
+    DOMAIN_RECREATED = "DomainRecreated"
+    CONTROL_PLANE_ENDPOINT_REQUIRED = "ControlPlaneEndpointRequired"
+    """capl cannot publish a DNS name on this network (bridge mode): set the endpoint."""
+    INVALID_SPEC = "InvalidSpec"
+    LIBVIRT_ERROR = "LibvirtError"
     INTERNAL_ERROR = "InternalError"
 
 

@@ -31,7 +31,11 @@ __all__ = [
 ]
 
 NOCLOUD_LABEL = "cidata"
-_VERSION = re.compile(r"^\d+\.\d+\.\d+(-[0-9A-Za-z.]+)?$")
+_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.]+)?")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise BootstrapDataError(f"Ignition config is not valid JSON: {name} is not a JSON value")
 
 
 def validate_ignition(data: bytes) -> dict[str, Any]:
@@ -43,11 +47,15 @@ def validate_ignition(data: bytes) -> dict[str, Any]:
     if not text.strip():
         raise BootstrapDataError("Ignition config is empty")
     try:
-        parsed = json.loads(text)
+        parsed = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         raise BootstrapDataError(
             f"Ignition config is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
+    except RecursionError:
+        raise BootstrapDataError("Ignition config is nested too deeply to parse") from None
+    except ValueError as exc:  # e.g. an integer beyond Python's digit limit
+        raise BootstrapDataError(f"Ignition config is not usable JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise BootstrapDataError(
             f"Ignition config must be a JSON object, got {type(parsed).__name__}"
@@ -56,7 +64,7 @@ def validate_ignition(data: bytes) -> dict[str, Any]:
     if not isinstance(section, dict):
         raise BootstrapDataError('Ignition config has no "ignition" object')
     version = section.get("version")
-    if not isinstance(version, str) or not _VERSION.match(version):
+    if not isinstance(version, str) or not _VERSION.fullmatch(version):
         raise BootstrapDataError(
             'Ignition config has no valid "ignition.version" (expected e.g. "3.4.0")'
         )

@@ -33,8 +33,11 @@ _LINE_BREAKS = re.compile("[\t\n\r]")
 
 
 def text(value: str, *, field: str) -> str:
-    """A free-text value (descriptions): tabs and newlines allowed, other controls not."""
-    match = _ILLEGAL_ANYWHERE.search(value)
+    """A free-text value (descriptions): tabs and newlines allowed, other controls not.
+
+    A carriage return is refused too: XML parsers normalise it to a line feed, so the value
+    would not read back as written."""
+    match = _ILLEGAL_ANYWHERE.search(value) or re.search("\r", value)
     if match:
         raise InvalidSpec(
             f"{field} contains the control character U+{ord(match.group()):04X}, "

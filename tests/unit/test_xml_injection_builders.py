@@ -13,9 +13,8 @@ plus arbitrary text. Each outcome must be one of:
   same element/attribute structure as with a harmless value (nothing injected), and holds
   the value unchanged where the field goes.
 
-Known bug kept visible: a carriage return in a free-text value (the domain description) is
-written raw into element text, and every XML parser turns it into a line feed, so the value
-does not round-trip (``test_description_carriage_return_round_trips``, strict xfail).
+A carriage return in free text (the domain description) is refused: XML parsers normalise
+it to a line feed, so it could not read back as written.
 """
 
 from __future__ import annotations
@@ -442,9 +441,6 @@ def _check(field: Field, value: str, *, normalize: Callable[[str], str] = str) -
 @example(value="\ud800")
 @example(value="")
 def test_hostile_value_is_escaped_or_refused_naming_the_field(field: Field, value: str) -> None:
-    # The description keeps CR out of this property: see the strict xfail below.
-    if field.label == "domain description":
-        value = value.replace("\r", "")
     _check(field, value)
 
 
@@ -508,11 +504,6 @@ def test_disk_and_nic_variants_take_hostile_paths_too() -> None:
     assert ET.fromstring(document).find("devices/disk/source").get("file") == value  # type: ignore[union-attr]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a CR in free text (domain description) is written raw; XML parsers turn it "
-    "into LF, so the description does not round-trip (capl/virt/xmlutil.py text())",
-)
-def test_description_carriage_return_round_trips() -> None:
+def test_description_carriage_return_is_refused_or_round_trips() -> None:
     field = next(f for f in FIELDS if f.label == "domain description")
     _check(field, "line one\r\nline two\rend")
