@@ -136,6 +136,18 @@ def _add_manager(sub: argparse._SubParsersAction[_Parser]) -> None:
     p.add_argument("--webhook-host", default="0.0.0.0")
     p.add_argument("--webhook-cert-dir", default="/tmp/k8s-webhook-server/serving-certs")
     p.add_argument("--graceful-shutdown-timeout", type=parse_duration, default=30.0)
+    p.add_argument(
+        "--machine-shutdown-timeout",
+        type=parse_duration,
+        default=60.0,
+        help="graceful ACPI shutdown of a deleted machine before it is destroyed (60s)",
+    )
+    p.add_argument(
+        "--cluster-health-interval",
+        type=parse_duration,
+        default=60.0,
+        help="re-check every cluster's hosts this often, 0 disables (60s)",
+    )
     p.add_argument("--log-level", default="info", help="debug, info, warning, error")
     p.add_argument("--log-format", choices=("auto", "json", "console"), default="auto")
     p.set_defaults(run=_run_manager)

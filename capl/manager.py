@@ -1,11 +1,173 @@
-"""`capl manager`: the product wiring of the generic runtime (being wired to the controllers)."""
+"""`capl manager`: the product wiring of the generic runtime.
+
+This is the one place that knows every layer: it connects the Kubernetes adapter
+(capl.kube) and the libvirt adapter (capl.virt), hands them to the reconcilers as the
+Protocols of capl.ports/capl.runtime, mounts the admission webhooks, and runs the runtime
+Manager (informers, work queues, leader election, health and metrics servers).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from capl.errors import CliError
+import structlog
+
+from capl.api.cluster import LibvirtCluster
+from capl.controllers import libvirtcluster, libvirtmachine
+from capl.controllers.common import Deps, parse
+from capl.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, CliError
+from capl.kube.client import KubeClient
+from capl.kube.config import KubeconfigError
+from capl.kube.workload import KubeWorkloadClusters
+from capl.runtime.errors import ApiError, TransportError
+from capl.runtime.logging import configure_logging
+from capl.runtime.manager import LeadershipLost, Manager, ManagerOptions
+from capl.runtime.resources import LIBVIRT_CLUSTER
+from capl.virt.hosts import LibvirtHosts
+from capl.webhooks.server import CERT_NAME, KEY_NAME, WebhookServer, create_app
+
+log = structlog.get_logger("capl.manager")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProviderOptions:
+    """The flags of `capl manager` beyond the runtime's own."""
+
+    manager: ManagerOptions = field(default_factory=ManagerOptions)
+    kubeconfig: str | None = None
+    webhook_port: int = 9443
+    webhook_host: str = "0.0.0.0"
+    webhook_cert_dir: str = "/tmp/k8s-webhook-server/serving-certs"
+    log_level: str = "info"
+    log_format: str = "auto"
+    machine: libvirtmachine.MachineOptions = field(default_factory=libvirtmachine.MachineOptions)
+    cluster: libvirtcluster.LibvirtClusterOptions = field(
+        default_factory=libvirtcluster.LibvirtClusterOptions
+    )
+
+
+class _CachedClusters:
+    """The webhook's view of every LibvirtCluster, served from the manager's informer."""
+
+    def __init__(self, manager: Manager) -> None:
+        self._manager = manager
+
+    async def list_libvirt_clusters(self) -> Sequence[LibvirtCluster]:
+        return [parse(LibvirtCluster, raw) for raw in self._manager.cache.list(LIBVIRT_CLUSTER)]
+
+
+def _check_webhook_certs(cert_dir: str) -> None:
+    missing = [n for n in (CERT_NAME, KEY_NAME) if not (Path(cert_dir) / n).is_file()]
+    if missing:
+        raise CliError(
+            f"webhook certificate {', '.join(missing)} not found in {cert_dir} "
+            "(set --webhook-cert-dir, or --webhook-port=0 to run without webhooks)"
+        )
+
+
+def build(options: ProviderOptions, client: KubeClient) -> tuple[Manager, LibvirtHosts]:
+    """The manager with both controllers and the webhooks registered (not started)."""
+    manager = Manager(options.manager, client)
+    hosts = LibvirtHosts()
+    deps = Deps(
+        cache=manager.cache,
+        client=client,
+        recorder=manager.recorder,
+        hosts=hosts,
+        workload=KubeWorkloadClusters(),
+        clock=manager.clock,
+    )
+    libvirtcluster.setup(manager, deps, options=options.cluster)
+    libvirtmachine.setup(manager, deps, options=options.machine)
+    if options.webhook_port:
+        _check_webhook_certs(options.webhook_cert_dir)
+        manager.cache_before_leader(LIBVIRT_CLUSTER)
+        server = WebhookServer(
+            app=create_app(clusters=_CachedClusters(manager), images=None),
+            cert_dir=Path(options.webhook_cert_dir),
+            host=options.webhook_host,
+            port=options.webhook_port,
+        )
+
+        async def serve_webhooks(stop: asyncio.Event) -> None:
+            await server.start()
+            try:
+                await stop.wait()
+            finally:
+                await server.stop()
+
+        manager.add_runnable(serve_webhooks, needs_leader=False, name="webhooks")
+    return manager, hosts
+
+
+def options_from_args(args: argparse.Namespace) -> ProviderOptions:
+    """ProviderOptions from the flags `capl manager` parsed (see capl.cli)."""
+    return ProviderOptions(
+        manager=ManagerOptions(
+            leader_elect=args.leader_elect,
+            leader_election_id=args.leader_election_id,
+            leader_election_namespace=args.leader_election_namespace,
+            lease_duration=args.leader_elect_lease_duration,
+            renew_deadline=args.leader_elect_renew_deadline,
+            retry_period=args.leader_elect_retry_period,
+            metrics_bind_address=args.metrics_bind_address,
+            health_probe_bind_address=args.health_probe_bind_address,
+            namespace=args.namespace,
+            watch_filter=args.watch_filter,
+            concurrency=args.concurrency,
+            sync_period=args.sync_period,
+            graceful_shutdown_timeout=args.graceful_shutdown_timeout,
+        ),
+        kubeconfig=args.kubeconfig,
+        webhook_port=args.webhook_port,
+        webhook_host=args.webhook_host,
+        webhook_cert_dir=args.webhook_cert_dir,
+        log_level=args.log_level,
+        log_format=args.log_format,
+        machine=libvirtmachine.MachineOptions(shutdown_timeout=args.machine_shutdown_timeout),
+        cluster=libvirtcluster.LibvirtClusterOptions(
+            health_interval=args.cluster_health_interval or None
+        ),
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    raise CliError("capl manager: the controllers are not wired in yet")
+    return asyncio.run(run_manager(options_from_args(args)))
+
+
+async def run_manager(options: ProviderOptions) -> int:
+    configure_logging(level=options.log_level, format=options.log_format)  # type: ignore[arg-type]
+    try:
+        client = await KubeClient.connect(options.kubeconfig)
+    except KubeconfigError as exc:
+        raise CliError(str(exc), code=EXIT_UNREACHABLE) from None
+    manager, hosts = build(options, client)
+    log.info(
+        "starting capl manager",
+        version=_version(),
+        pid=os.getpid(),
+        leader_elect=options.manager.leader_elect,
+        namespace=options.manager.namespace or "(all)",
+    )
+    try:
+        await manager.run()
+    except LeadershipLost:
+        log.error("leader election lost; exiting so a fresh process can rejoin")
+        return EXIT_FAILED
+    except (TransportError, ApiError) as exc:
+        raise CliError(f"API server: {exc}", code=EXIT_UNREACHABLE) from None
+    finally:
+        await hosts.close()
+        await client.close()
+    return EXIT_OK
+
+
+def _version() -> str:
+    from capl import __version__
+
+    return __version__

@@ -680,6 +680,12 @@ class Host(Protocol):
 
     async def get_domain(self, uuid: str) -> DomainInfo | None: ...
 
+    async def find_domain(self, name: str) -> DomainInfo | None:
+        """The domain called ``name``, whoever owns it (``owner`` None: not capl's); None
+        when no domain has that name. Lets a caller detect a name collision before it
+        creates anything."""
+        ...
+
     async def start_domain(self, uuid: str, *, owner: DomainOwner) -> DomainInfo:
         """Start if not running (running: no-op); resumes a paused domain."""
         ...

@@ -35,6 +35,7 @@ __all__ = [
     "destroy",
     "domain_addresses",
     "get",
+    "get_by_name",
     "list_owned",
     "request_shutdown",
     "retag",
@@ -117,6 +118,11 @@ def checked(c: Any, uuid: str, expected: DomainOwner) -> Any | None:
 
 def get(c: Any, host_id: HostId, uuid: str) -> DomainInfo | None:
     domain = _by_uuid(c, uuid)
+    return _info(host_id, domain, owner_of(domain)) if domain is not None else None
+
+
+def get_by_name(c: Any, host_id: HostId, name: str) -> DomainInfo | None:
+    domain = lookup(lambda: c.lookupByName(name), _NO_DOMAIN)
     return _info(host_id, domain, owner_of(domain)) if domain is not None else None
 
 

@@ -87,6 +87,10 @@ def is_async_jobs_busy(exc: libvirt.libvirtError) -> bool:
     return "asynchronous jobs running" in _text(exc)
 
 
+# ENOSPC/EDQUOT from the host's file system, and the storage drivers' own capacity check
+_FULL = ("No space left on device", "Disk quota exceeded", "Not enough free space")
+
+
 def translate(exc: libvirt.libvirtError, *, host: str, action: str) -> e.VirtError:
     """A typed error for ``exc``; ``action`` says what capl was doing ("define domain x")."""
     code = exc.get_error_code()
@@ -110,7 +114,7 @@ def translate(exc: libvirt.libvirtError, *, host: str, action: str) -> e.VirtErr
         return e.Unsupported(message, host=host, code=code)
     if code in _INVALID:
         return e.InvalidSpec(message, host=host, code=code)
-    if "No space left on device" in detail or "Disk quota exceeded" in detail:
+    if any(text in detail for text in _FULL):
         return e.StorageFull(message, host=host, code=code)
     if code == libvirt.VIR_ERR_OPERATION_TIMEOUT:
         return e.VirtError(message, host=host, code=code, reason="Timeout")

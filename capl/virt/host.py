@@ -333,6 +333,11 @@ class LibvirtHost:
             f"read domain {uuid}", lambda c: domains.get(c, self.host_id, uuid)
         )
 
+    async def find_domain(self, name: str) -> DomainInfo | None:
+        return await self._conn.run(
+            f"look up domain {name}", lambda c: domains.get_by_name(c, self.host_id, name)
+        )
+
     async def start_domain(self, uuid: str, *, owner: DomainOwner) -> DomainInfo:
         return await self._conn.run(
             f"start domain {uuid}", lambda c: domains.start(c, self.host_id, uuid, owner)
