@@ -24,19 +24,23 @@ Creation (only while no domain with the UUID exists; each step idempotent)
     bootstrap volume (Ignition file for fw_cfg, or NoCloud ISO; re-uploaded on every attempt
     until the domain exists, never afterwards: a changed Secret never recreates the VM) ->
     DHCP reservations (LIVE|CONFIG, IP picked by the host under its per-network lock,
-    excluding the IPs other LibvirtMachines report) -> DNS host record `<name>.<dnsDomain>`
-    -> define -> start. A failure that retrying cannot fix soon rolls back what the attempt
-    created (volumes, reservations, record), so bad input leaves nothing behind. Every step
-    is a fault-injection point (`CAPL_FAULT`, see machine_plan).
+    excluding the IPs other LibvirtMachines report) with the DNS host record
+    `<name>.<dnsDomain>` merged in the same locked update -> define -> start. A failed
+    attempt rolls back what it created (volumes, reservations, record; not the shared base
+    image), so bad input leaves nothing behind; the condition names the libvirt error, a
+    Warning event repeats it once, and the retry backs off (transient: 2 s doubling to
+    2 min; hopeless until the spec changes: 10 min). Every step is a fault-injection point
+    (`CAPL_FAULT`, see machine_plan).
 
 After creation
     Addresses from DHCP leases and the guest agent (merged; the last known IP kept while
     they report nothing); a short requeue while waiting for the address, none once Ready:
-    domain lifecycle and host connection events (Hosts.subscribe) requeue the machine. A
-    domain that stopped is started again, one deleted out of band is recreated with the
-    same UUID; both are reported (condition reason + Warning event). The workload Node gets
-    the providerID through the `<cluster>-kubeconfig` Secret while the Machine has no
-    nodeRef.
+    domain lifecycle and host connection events (Hosts.subscribe) requeue the machine (the
+    STARTED echo of our own start is ignored). A domain that stopped is started again, one
+    deleted out of band is recreated with the same UUID; both are reported (DomainProvisioned
+    keeps reason DomainRestarted/DomainRecreated until it changes, plus a Warning event).
+    The workload Node gets the providerID through the `<cluster>-kubeconfig` Secret while
+    the Machine has no nodeRef (requeued every `node_poll` until the Node exists).
 
 Deletion
     Ready False/Deleting; ACPI shutdown requested, requeued until the domain is off or
@@ -45,7 +49,8 @@ Deletion
     (root, extra, Ignition/ISO, console log), DHCP reservations and the DNS name; not-found
     is success; a missing Machine, Cluster or LibvirtCluster does not block (the host comes
     from the LibvirtCluster when it exists, else from the placement annotation); then the
-    finalizer goes.
+    finalizer goes. Deletion respects pause, and an object `clusterctl move` deletes
+    (annotation clusterctl.cluster.x-k8s.io/delete-for-move) only loses its finalizer.
 
 API writes
     A read-your-writes overlay (the newest object this process wrote) keeps a reconcile that
@@ -1133,7 +1138,10 @@ class LibvirtMachineReconciler:
             if nic.cluster_network and target.network:
                 if exclude is None:
                     exclude = recorded_ips(self.cache.list(LIBVIRT_MACHINE), skip_uid=ident.uid)
-                mac, ip = await self._reserve(host, target.network, nic, ident, exclude)
+                # the machine's DNS name goes with the first reservation, in the same
+                # locked read-modify-write of the network
+                dns = (fqdn,) if fqdn and first_ip is None else ()
+                mac, ip = await self._reserve(host, target.network, nic, ident, exclude, dns)
                 if ip is not None:
                     exclude.add(ip)
                     if first_ip is None:
@@ -1148,15 +1156,20 @@ class LibvirtMachineReconciler:
                 )
             nics.append((nic, mac))
         fault_point("dhcp-reserved")
-        if fqdn and first_ip and target.network:
-            await host.add_dns_hostnames(network=target.network, ip=first_ip, hostnames=[fqdn])
         fault_point("dns-recorded")
         return nics
 
     async def _reserve(
-        self, host: Host, network: str, nic: NicPlan, ident: _Identity, exclude: set[str]
+        self,
+        host: Host,
+        network: str,
+        nic: NicPlan,
+        ident: _Identity,
+        exclude: set[str],
+        dns: tuple[str, ...],
     ) -> tuple[str, str | None]:
-        """(MAC, reserved IP) of a NIC on the cluster network (see machine_plan: MACs)."""
+        """(MAC, reserved IP) of a NIC on the cluster network (see machine_plan: MACs);
+        `dns` names join the reserved address's DNS record once the reservation is ours."""
         dhcp_name = nic.dhcp_name(ident.hostname)
         candidates = mac_candidates(
             nic, cluster=ident.cluster, namespace=ident.namespace, name=ident.name
@@ -1164,7 +1177,12 @@ class LibvirtMachineReconciler:
         for mac in candidates:
             try:
                 reservation = await host.ensure_dhcp_host(
-                    network=network, mac=mac, name=dhcp_name, ip=nic.ip, exclude=exclude
+                    network=network,
+                    mac=mac,
+                    name=dhcp_name,
+                    ip=nic.ip,
+                    exclude=exclude,
+                    dns_hostnames=dns,
                 )
             except AddressConflict as exc:
                 if nic.mac or exc.field != "mac":

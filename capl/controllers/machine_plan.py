@@ -134,8 +134,8 @@ FAULT_STEPS: Final = (
     "root-volume",  # the root overlay exists
     "extra-volumes",  # the extra disks exist
     "bootstrap-volume",  # Ignition file / NoCloud ISO uploaded
-    "dhcp-reserved",  # DHCP host reservations added (LIVE|CONFIG)
-    "dns-recorded",  # DNS host record added
+    "dhcp-reserved",  # DHCP host reservations (and the DNS name with the first) added
+    "dns-recorded",  # after the network step (the DNS name goes with the reservation)
     "domain-defined",  # the domain is defined (persistent, autostart)
     "domain-started",  # the domain was started
     "status-written",  # the status patch of the creating reconcile was sent

@@ -644,11 +644,17 @@ class Host(Protocol):
         name: str | None = None,
         ip: str | None = None,
         exclude: Collection[str] = (),
+        dns_hostnames: Sequence[str] = (),
     ) -> DhcpHost:
         """Reserve an address for ``mac`` (LIVE|CONFIG). Already reserved for this MAC: that
         reservation is returned (a different explicit ``ip`` raises AddressConflict). With
         ``ip=None`` a free address of the DHCP range is picked: not reserved, not leased,
-        not in ``exclude`` (addresses recorded in API objects). Serialized per network."""
+        not in ``exclude`` (addresses recorded in API objects). Serialized per network.
+
+        ``dns_hostnames`` are merged into the DNS host record of the reserved address in
+        the same locked read-modify-write (as ``add_dns_hostnames`` would), but only when the
+        reservation carries ``name``: a reservation found under another name is returned
+        untouched."""
         ...
 
     async def remove_dhcp_host(self, *, network: str, mac: str) -> bool: ...

@@ -269,13 +269,21 @@ class LibvirtHost:
         name: str | None = None,
         ip: str | None = None,
         exclude: Collection[str] = (),
+        dns_hostnames: Sequence[str] = (),
     ) -> DhcpHost:
         excluded = frozenset(exclude)
+        dns_names = tuple(dns_hostnames)
 
         def op(c: Any) -> DhcpHost:
             with self._locks.get("network", network):
                 return networks.ensure_dhcp_host(
-                    c, network, mac=mac, host_name=name, ip=ip, exclude=excluded
+                    c,
+                    network,
+                    mac=mac,
+                    host_name=name,
+                    ip=ip,
+                    exclude=excluded,
+                    dns_hostnames=dns_names,
                 )
 
         return await self._conn.run(f"reserve DHCP address for {mac} in network {network}", op)

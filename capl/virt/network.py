@@ -332,10 +332,13 @@ def ensure_dhcp_host(
     host_name: str | None,
     ip: str | None,
     exclude: Collection[str],
+    dns_hostnames: Sequence[str] = (),
 ) -> DhcpHost:
     mac = normalize_mac(mac)
     if host_name is not None:
         check_hostname(host_name, field="DHCP host name")
+    for hostname in dns_hostnames:
+        check_hostname(hostname)
     network = _require(c, name)
     info = _live(network)
     _dhcp_capable(info)
@@ -347,6 +350,8 @@ def ensure_dhcp_host(
                 field="mac",
                 value=mac,
             )
+        if dns_hostnames and mine.name == host_name:
+            _merge_dns(network, info, mine.ip, dns_hostnames)
         return mine
     if ip is None:
         ip = _pick_free(info, _taken(c, network, info, exclude))
@@ -368,6 +373,9 @@ def ensure_dhcp_host(
         libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST,
         build_dhcp_host_xml(host),
     )
+    if dns_hostnames:
+        # the DHCP update left the DNS section of `info` as it is on the network
+        _merge_dns(network, info, ip, dns_hostnames)
     return host
 
 
@@ -428,7 +436,10 @@ def add_dns_hostnames(c: Any, name: str, ip: str, hostnames: Sequence[str]) -> D
     for hostname in hostnames:
         check_hostname(hostname)
     network = _require(c, name)
-    info = _live(network)
+    return _merge_dns(network, _live(network), ip, hostnames)
+
+
+def _merge_dns(network: Any, info: NetworkInfo, ip: str, hostnames: Sequence[str]) -> DnsHost:
     current = _dns_record(info, ip)
     names = list(current.hostnames) if current else []
     names += [h for h in hostnames if h not in names]

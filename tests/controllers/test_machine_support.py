@@ -17,7 +17,15 @@ from capl.controllers import libvirtmachine
 from capl.kube import KubeClient
 from capl.kube.workload import KubeWorkloadClusters
 from capl.ports.errors import StorageFull
-from capl.ports.virt import DomainEvent, DomainEventKind, HostEvent, HostEventKind
+from capl.ports.virt import (
+    ClusterOwner,
+    DomainEvent,
+    DomainEventKind,
+    HostEvent,
+    HostEventKind,
+    NetworkMode,
+    NetworkSpec,
+)
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import NODE
 from capl.virt import LibvirtHosts
@@ -158,3 +166,36 @@ async def test_libvirt_events_map_to_machines(harness: ControllerHarness) -> Non
     while controller.reconciles == before:
         assert controller.clock.now() < deadline
         await controller.clock.sleep(0.02)
+
+
+async def test_dhcp_reservation_carries_the_dns_name(hosts: LibvirtHosts) -> None:
+    """The port extension the machine controller uses: DHCP host and DNS name in one locked
+    update, and no DNS name on a reservation that belongs to another host name."""
+    host = hosts.get(uri=TEST_DRIVER)
+    owner = ClusterOwner(namespace="ns", name="c-" + secrets.token_hex(3))
+    name = "capl-test-" + secrets.token_hex(4)
+    await host.ensure_network(
+        NetworkSpec(
+            name=name,
+            mode=NetworkMode.ISOLATED,
+            owner=owner,
+            cidr=f"10.{secrets.randbelow(200) + 20}.{secrets.randbelow(250)}.0/24",
+        )
+    )
+    try:
+        mine = await host.ensure_dhcp_host(
+            network=name, mac="52:54:00:00:00:aa", name="m1", dns_hostnames=["m1.lab.example"]
+        )
+        again = await host.ensure_dhcp_host(
+            network=name, mac="52:54:00:00:00:aa", name="m1", dns_hostnames=["m1.lab.example"]
+        )
+        assert again == mine
+        other = await host.ensure_dhcp_host(
+            network=name, mac="52:54:00:00:00:aa", name="m2", dns_hostnames=["m2.lab.example"]
+        )
+        assert other.name == "m1"  # found under its own name, returned untouched
+        info = await host.get_network(name)
+        assert info is not None
+        assert [(d.ip, d.hostnames) for d in info.dns_hosts] == [(mine.ip, ("m1.lab.example",))]
+    finally:
+        await host.delete_network(name=name, owner=owner)
