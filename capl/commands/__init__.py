@@ -8,6 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from capl.commands import console, images, status
+from capl.commands import console, demo, images, status
 
-REGISTRARS: list[Callable[[Any], None]] = [status.register, console.register, images.register]
+REGISTRARS: list[Callable[[Any], None]] = [
+    demo.register,
+    status.register,
+    console.register,
+    images.register,
+]
