@@ -70,16 +70,30 @@ def _check_webhook_certs(cert_dir: str) -> None:
         )
 
 
-def build(options: ProviderOptions, client: KubeClient) -> tuple[Manager, LibvirtHosts]:
+@dataclass(frozen=True)
+class Built:
+    """A manager ready to run, and the adapters it owns (closed by `close`)."""
+
+    manager: Manager
+    hosts: LibvirtHosts
+    workload: KubeWorkloadClusters
+
+    async def close(self) -> None:
+        await self.workload.close()
+        await self.hosts.close()
+
+
+def build(options: ProviderOptions, client: KubeClient) -> Built:
     """The manager with both controllers and the webhooks registered (not started)."""
     manager = Manager(options.manager, client)
     hosts = LibvirtHosts()
+    workload = KubeWorkloadClusters()
     deps = Deps(
         cache=manager.cache,
         client=client,
         recorder=manager.recorder,
         hosts=hosts,
-        workload=KubeWorkloadClusters(),
+        workload=workload,
         clock=manager.clock,
     )
     libvirtcluster.setup(manager, deps, options=options.cluster)
@@ -102,7 +116,7 @@ def build(options: ProviderOptions, client: KubeClient) -> tuple[Manager, Libvir
                 await server.stop()
 
         manager.add_runnable(serve_webhooks, needs_leader=False, name="webhooks")
-    return manager, hosts
+    return Built(manager=manager, hosts=hosts, workload=workload)
 
 
 def options_from_args(args: argparse.Namespace) -> ProviderOptions:
@@ -146,7 +160,8 @@ async def run_manager(options: ProviderOptions) -> int:
         client = await KubeClient.connect(options.kubeconfig)
     except KubeconfigError as exc:
         raise CliError(str(exc), code=EXIT_UNREACHABLE) from None
-    manager, hosts = build(options, client)
+    built = build(options, client)
+    manager = built.manager
     log.info(
         "starting capl manager",
         version=_version(),
@@ -162,7 +177,7 @@ async def run_manager(options: ProviderOptions) -> int:
     except (TransportError, ApiError) as exc:
         raise CliError(f"API server: {exc}", code=EXIT_UNREACHABLE) from None
     finally:
-        await hosts.close()
+        await built.close()
         await client.close()
     return EXIT_OK
 

@@ -91,6 +91,7 @@ if TYPE_CHECKING:
 
     from capl.commands.status import StatusReport
     from capl.kube.client import KubeClient
+    from capl.manager import Built
     from capl.runtime.manager import Manager
     from capl.runtime.resources import Resource
     from capl.testbed import ControlPlane
@@ -963,6 +964,7 @@ class Demo:
         self.manager: Manager | None = None
         self.manager_task: asyncio.Task[None] | None = None
         self.hosts: LibvirtHosts | None = None
+        self.built: Built | None = None
         self.plan: DemoPlan | None = None
         self.created = False
         self.ready = False
@@ -1214,7 +1216,9 @@ class Demo:
         )
         self.client = await KubeClient.connect(kubeconfig, user_agent="capl-demo")
         self.manager_client = await KubeClient.connect(kubeconfig)
-        manager, self.hosts = build(options, self.manager_client)
+        built = build(options, self.manager_client)
+        self.built = built
+        manager, self.hosts = built.manager, built.hosts
         self.manager = manager
         self.manager_task = asyncio.create_task(manager.run(), name="capl-manager")
         deadline = time.monotonic() + 60
@@ -1336,6 +1340,9 @@ class Demo:
         if not await self._step_quietly("checking the libvirt host", self._verify_host):
             ok = False
             self.leftovers = self.leftovers or self.created
+        if self.built is not None:
+            with contextlib.suppress(Exception):
+                await self.built.workload.close()
         if self.hosts is not None:
             with contextlib.suppress(Exception):
                 await self.hosts.close()
