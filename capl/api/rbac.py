@@ -6,21 +6,30 @@ crdgen, and `crdgen --check` fails when they drift). Code that talks to the API 
 assert its requests against `is_allowed()` in tests, so a new call without a matching rule
 fails a test instead of failing in a user's cluster.
 
-Least privilege, and why each rule exists:
+Least privilege, and why each rule exists (tests/security/test_rbac_audit.py derives the
+requests the manager makes from a real apiserver's audit log and fails when a rule or verb
+here is not used, or a request is not granted):
 
-- capl's own kinds: read and watch; `patch` for spec write-backs (providerID, domainUUID,
-  hostName, endpoint) and finalizers; `update` for optimistic-concurrency writes that need a
-  resourceVersion precondition. Templates are never read by the manager: not listed.
+- capl's own kinds: `list` and `watch` (informers; every read is served from the cache, so
+  no `get`); `patch` for finalizers and spec write-backs (providerID, domainUUID, hostName,
+  endpoint, defaults; merge patches carry a resourceVersion precondition where lists change,
+  so no `update` is needed). Templates are never read by the manager: not listed.
 - `/status`: patched once per reconcile with the computed diff.
-- `/finalizers`: `update`, required (with the OwnerReferencesPermissionEnforcement admission
-  plugin) to set owner references with blockOwnerDeletion.
-- Cluster API Clusters and Machines: read only (owners, pause, bootstrap secret name,
-  failure domain).
-- Secrets: read bootstrap data, host credentials and `<cluster>-kubeconfig`; `patch` to add
-  the LibvirtCluster owner reference to credentials Secrets (so `clusterctl move` takes them).
-- Events: create, and patch to aggregate repeats.
-- Leases (leader election): only in the manager's own namespace, hence a Role.
+- Cluster API Clusters and Machines: `list` and `watch` only (owners, pause, bootstrap
+  secret name, failure domain).
+- Secrets: `list` and `watch` (bootstrap data, host credentials, `<cluster>-kubeconfig`, all
+  from the cache); `patch` to add the LibvirtCluster owner reference to credentials Secrets
+  (so `clusterctl move` takes them). Where the OwnerReferencesPermissionEnforcement
+  admission plugin is enabled (e.g. OpenShift), changing ownerReferences also requires
+  `delete` on the Secret, which is not granted: the owner reference is then refused (the
+  manager logs a warning and works on).
+- Events: `create`, and `patch` to aggregate repeats (the ClusterRole covers every namespace,
+  including the leader-election one).
+- Leases (leader election): `get`, `create`, and `patch` (renewal and release are merge
+  patches with a resourceVersion precondition), only in the manager's own namespace, hence
+  a Role.
 
+No owner reference capl sets has blockOwnerDeletion, so no `/finalizers` grant is needed.
 Workload-cluster Nodes are patched through the workload cluster's own kubeconfig, so no rule
 for them exists here.
 """
@@ -66,22 +75,17 @@ MANAGER_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(
         api_groups=("",),
         resources=("secrets",),
-        verbs=("get", "list", "patch", "watch"),
+        verbs=("list", "patch", "watch"),
     ),
     PolicyRule(
         api_groups=(CAPI_GROUP,),
         resources=("clusters", "machines"),
-        verbs=("get", "list", "watch"),
+        verbs=("list", "watch"),
     ),
     PolicyRule(
         api_groups=(GROUP,),
         resources=_OWN,
-        verbs=("get", "list", "patch", "update", "watch"),
-    ),
-    PolicyRule(
-        api_groups=(GROUP,),
-        resources=tuple(f"{r}/finalizers" for r in _OWN),
-        verbs=("update",),
+        verbs=("list", "patch", "watch"),
     ),
     PolicyRule(
         api_groups=(GROUP,),
@@ -94,12 +98,7 @@ LEADER_ELECTION_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(
         api_groups=("coordination.k8s.io",),
         resources=("leases",),
-        verbs=("create", "get", "update"),
-    ),
-    PolicyRule(
-        api_groups=("",),
-        resources=("events",),
-        verbs=("create", "patch"),
+        verbs=("create", "get", "patch"),
     ),
 )
 

@@ -272,7 +272,7 @@ def test_rbac_role_matches_the_rules_constant() -> None:
     (le,) = _load("rbac/leader_election_role.yaml")
     assert le["kind"] == "Role"
     assert is_allowed(
-        group="coordination.k8s.io", resource="leases", verb="update", rules=LEADER_ELECTION_RULES
+        group="coordination.k8s.io", resource="leases", verb="patch", rules=LEADER_ELECTION_RULES
     )
 
 
@@ -281,7 +281,7 @@ def test_rbac_role_matches_the_rules_constant() -> None:
     [
         (api.GROUP, "libvirtmachines", "patch", True),
         (api.GROUP, "libvirtmachines/status", "patch", True),
-        (api.GROUP, "libvirtclusters/finalizers", "update", True),
+        (api.GROUP, "libvirtclusters/finalizers", "update", False),
         (api.GROUP, "libvirtmachines", "delete", False),
         (api.GROUP, "libvirtmachinetemplates", "get", False),
         ("cluster.x-k8s.io", "machines", "watch", True),
