@@ -912,4 +912,18 @@ class LibvirtClusterReconciler:
             return self._next(problems)
         remove_finalizer(obj, c.CLUSTER_FINALIZER)
         await patcher.apply(status=False)
+        await self._forget_unused_hosts(current)
         return DONE
+
+    async def _forget_unused_hosts(self, gone: LibvirtCluster) -> None:
+        """Close the connections (and remove the credential files) of the hosts no other
+        LibvirtCluster uses any more; a host shared with another cluster stays connected."""
+        in_use = {
+            str(host.get("uri"))
+            for other in self.deps.cache.list(LIBVIRT_CLUSTER)
+            if meta(other).get("uid") != gone.metadata.uid
+            for host in get_path(other, "spec", "hosts", default=None) or []
+        }
+        for host in gone.spec.hosts:
+            if str(host.uri) not in in_use:
+                await self.deps.hosts.forget(str(host.uri))

@@ -7,7 +7,10 @@ then ~/.kube/config. If none works, `KubeconfigError` explains in one line what 
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 
 from kubernetes_asyncio.client import Configuration
@@ -22,6 +25,20 @@ from kubernetes_asyncio.config.kube_config import load_kube_config
 
 class KubeconfigError(RuntimeError):
     """No usable cluster configuration was found."""
+
+
+_temp_dir: str | None = None
+
+
+def private_temp_dir() -> str:
+    """One 0700 directory per process for the certificate and key files kubernetes_asyncio
+    writes out of embedded kubeconfig data (its default is 0600 files straight in $TMPDIR).
+    The loader caches those files process-wide by content, so the directory lives until exit."""
+    global _temp_dir
+    if _temp_dir is None:
+        _temp_dir = tempfile.mkdtemp(prefix="capl-kubeconfig-")
+        atexit.register(shutil.rmtree, _temp_dir, True)
+    return _temp_dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +90,7 @@ async def load_configuration(
                 context=context,
                 client_configuration=configuration,
                 persist_config=False,
+                temp_file_path=private_temp_dir(),
             )
     except (ConfigException, OSError, ValueError, KeyError) as exc:
         raise KubeconfigError(f"{source.description}: {exc}") from exc

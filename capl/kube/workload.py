@@ -17,11 +17,8 @@ already carries a *different* providerID is left alone (False, with a warning in
 from __future__ import annotations
 
 import asyncio
-import atexit
 import hashlib
 import logging
-import shutil
-import tempfile
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -29,6 +26,7 @@ from kubernetes_asyncio.client import Configuration
 from kubernetes_asyncio.config.kube_config import load_kube_config_from_dict
 
 from capl.kube.client import KubeClient
+from capl.kube.config import private_temp_dir
 from capl.runtime.errors import ApiError, NotFound
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import NODE
@@ -36,18 +34,6 @@ from capl.runtime.resources import NODE
 __all__ = ["KubeWorkloadClusters"]
 
 log = logging.getLogger(__name__)
-
-_temp_dir: str | None = None
-
-
-def _private_dir() -> str:
-    """One 0700 directory per process for the loader's certificate files. kubernetes_asyncio
-    caches those files process-wide by content, so they must outlive any one client."""
-    global _temp_dir
-    if _temp_dir is None:
-        _temp_dir = tempfile.mkdtemp(prefix="capl-workload-")
-        atexit.register(shutil.rmtree, _temp_dir, True)
-    return _temp_dir
 
 
 class KubeWorkloadClusters:
@@ -69,7 +55,7 @@ class KubeWorkloadClusters:
                 raise ValueError("the kubeconfig is not a YAML mapping")
             configuration = Configuration()
             await load_kube_config_from_dict(
-                config, client_configuration=configuration, temp_file_path=_private_dir()
+                config, client_configuration=configuration, temp_file_path=private_temp_dir()
             )
             client = KubeClient(
                 configuration,
