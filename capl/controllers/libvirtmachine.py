@@ -24,8 +24,9 @@ Creation (only while no domain with the UUID exists; each step idempotent)
     bootstrap volume (Ignition file for fw_cfg, or NoCloud ISO; re-uploaded on every attempt
     until the domain exists, never afterwards: a changed Secret never recreates the VM) ->
     DHCP reservations (LIVE|CONFIG, IP picked by the host under its per-network lock,
-    excluding the IPs other LibvirtMachines report) with the DNS host record
-    `<name>.<dnsDomain>` merged in the same locked update -> define -> start. A failed
+    excluding the IPs other LibvirtMachines report: an index of the cache, not a scan) with
+    the DNS host record `<name>.<dnsDomain>` merged in the same locked update -> define ->
+    start. A failed
     attempt rolls back what it created (volumes, reservations, record; not the shared base
     image), so bad input leaves nothing behind; the condition names the libvirt error, a
     Warning event repeats it once, and the retry backs off (transient: 2 s doubling to
@@ -58,6 +59,36 @@ API writes
     unchanged since it settled at Ready (same resourceVersion, no event for it since)
     returns without calling libvirt. From create to Ready: one spec patch, one or two status
     patches.
+
+Objects that vanish
+    kube-apiserver can remove a LibvirtMachine whose DELETE raced the patch that added our
+    finalizer (kubernetes/kubernetes#77988): the patch answers 200, the controller creates the
+    domain, and the object is gone. So the reconciler remembers, per key, the incarnation (UID)
+    it created or found a domain for; when a write answers 404, or a reconcile finds the object
+    missing from the cache or carrying another UID, a live GET confirms it and what was made
+    for that UID is removed: the domain only if its owner tag still names that UID, then the
+    volumes, DHCP reservations and DNS name (which are named after namespace/name, not the
+    UID) only while no domain holds the machine's name on that host. All of it runs inside a
+    reconcile of the key, so it never overlaps a reconcile of a re-created object of the same
+    name. A Normal event on the LibvirtCluster names what was removed.
+
+Orphan sweep
+    The backstop for what the process did not see (it restarted, a write failed for another
+    reason): every `orphan_sweep_interval` (and once the caches synced) each host of each
+    LibvirtCluster the manager watches (namespace, watch filter; not while the Cluster is
+    paused, e.g. during `clusterctl move`) is listed for domains tagged for that cluster and
+    namespace that no cached LibvirtMachine accounts for (same UID, or the same name with the
+    domain's UUID recorded: a moved object adopts it). A domain reported by two consecutive
+    sweeps and first seen at least `orphan_grace` ago is confirmed with a live GET (the cache
+    may lag) and then removed by the same path as above, queued as a reconcile of its key; a
+    Warning event on the LibvirtCluster names it.
+
+Cost at scale
+    Nothing in a reconcile scans every LibvirtMachine: the addresses other machines report
+    and the machines placed but not provisioned on a host (committed memory, only weighed
+    when there is more than one host) come from indexes of the informer cache, so a
+    scale-out of N machines costs O(N) here, not O(N^2). bench/machines_testdriver.py
+    measures it against the API server's and libvirt's own limits.
 """
 
 from __future__ import annotations
@@ -69,7 +100,7 @@ import contextlib
 import datetime
 import posixpath
 import uuid as uuidlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,7 +110,7 @@ from capl.api import constants as c
 from capl.api.capi import Cluster, Machine
 from capl.api.cluster import LibvirtCluster, LibvirtHost
 from capl.api.defaults import default_libvirt_cluster, default_libvirt_machine
-from capl.api.machine import LibvirtMachine
+from capl.api.machine import LibvirtMachine, LibvirtMachineSpec
 from capl.controllers.common import (
     ClusterLayout,
     CredentialsMissing,
@@ -102,7 +133,9 @@ from capl.controllers.machine_plan import (
     Failure,
     HostCandidate,
     NicPlan,
+    OrphanTracker,
     Placement,
+    accounts_for,
     build_domain_spec,
     choose_host,
     classify,
@@ -111,13 +144,14 @@ from capl.controllers.machine_plan import (
     domain_state_text,
     fault_point,
     image_plan,
+    internal_ips,
     mac_candidates,
     merge_addresses,
     nic_mac,
     nic_plans,
     owner_matches,
+    pending_on_host,
     read_bootstrap,
-    recorded_ips,
 )
 from capl.ports.bootstrap import build_nocloud_iso
 from capl.ports.errors import (
@@ -144,6 +178,7 @@ from capl.ports.virt import (
 )
 from capl.runtime.conditions import get_condition, rfc3339, set_condition, summarize
 from capl.runtime.controller import Controller, Result, Watch
+from capl.runtime.errors import ApiError
 from capl.runtime.errors import NotFound as ApiNotFound
 from capl.runtime.handlers import (
     FuncPredicate,
@@ -166,6 +201,8 @@ __all__ = [
     "INDEX_BOOTSTRAP_SECRET",
     "INDEX_DOMAIN_UUID",
     "INDEX_HOST",
+    "INDEX_INTERNAL_IP",
+    "INDEX_PENDING_HOST",
     "LibvirtMachineReconciler",
     "MachineOptions",
     "setup",
@@ -177,6 +214,8 @@ CONTROLLER_NAME = "libvirtmachine"
 INDEX_DOMAIN_UUID = "libvirtmachine.domain-uuid"
 INDEX_HOST = "libvirtmachine.host"
 INDEX_BOOTSTRAP_SECRET = "libvirtmachine.bootstrap-secret"
+INDEX_INTERNAL_IP = "libvirtmachine.internal-ip"
+INDEX_PENDING_HOST = "libvirtmachine.pending-host"
 KUBECONFIG_SUFFIX = "-kubeconfig"
 #: Set by `clusterctl move` on the source objects it is about to delete.
 DELETE_FOR_MOVE_ANNOTATION = "clusterctl.cluster.x-k8s.io/delete-for-move"
@@ -211,6 +250,12 @@ class MachineOptions:
     settled_ttl: float = 600.0
     """A settled machine (Ready, nothing happened) is re-checked against libvirt at most
     this often when it is reconciled without a change (resync)."""
+    orphan_sweep_interval: float = 60.0
+    """How often the hosts are swept for domains of LibvirtMachines that no longer exist
+    (0: never). The first sweep runs once the caches synced."""
+    orphan_grace: float = 30.0
+    """A domain is removed by the sweep only once it was reported orphaned by two consecutive
+    sweeps and first seen at least this long ago."""
 
 
 # -- indexes ----------------------------------------------------------------------------------
@@ -231,6 +276,17 @@ def index_host(obj: Obj) -> Iterable[str]:
     if not host or not cluster:
         return ()
     return (host_index_value(meta(obj).get("namespace") or "", cluster, str(host)),)
+
+
+def index_internal_ip(obj: Obj) -> Iterable[str]:
+    """The addresses a machine reports: excluded when another machine's address is picked."""
+    return internal_ips(obj)
+
+
+def index_pending_host(obj: Obj) -> Iterable[str]:
+    """Like index_host, only while the machine is placed and not provisioned yet (its
+    memory counts as committed on that host when the next machine is placed)."""
+    return index_host(obj) if pending_on_host(obj) else ()
 
 
 def _cluster_name_of_libvirt_cluster(obj: Obj) -> str | None:
@@ -356,6 +412,28 @@ class _Identity:
         )
 
 
+@dataclass(slots=True, kw_only=True)
+class _Leftover:
+    """What was made on one host for one incarnation (UID) of a LibvirtMachine: removed once
+    that incarnation is confirmed gone (see "Objects that vanish" in the module docstring)."""
+
+    ident: _Identity
+    domain_uuid: str
+    target: _Target
+    spec: LibvirtMachineSpec | None
+    """The spec it was created from (NICs, MACs); None when only the domain is known (sweep):
+    the default single NIC on the cluster network is assumed."""
+    swept: bool = False
+
+    @property
+    def uid(self) -> str:
+        return self.ident.uid
+
+
+ROLLED_BACK_REASON = "VanishedMachineRolledBack"
+ORPHAN_REMOVED_REASON = "OrphanDomainRemoved"
+
+
 class LibvirtMachineReconciler:
     """Reconciles LibvirtMachines; see the module docstring."""
 
@@ -373,6 +451,13 @@ class LibvirtMachineReconciler:
         self._nodes_done: set[tuple[ObjectKey, str]] = set()
         self._own_starts: dict[str, float] = {}
         """Domains this process is starting: their next STARTED event is our own echo."""
+        self._made: dict[ObjectKey, _Leftover] = {}
+        """Per key, the incarnation this process created (or found) a domain for."""
+        self._orphans: dict[ObjectKey, dict[str, _Leftover]] = {}
+        """Domains the sweep confirmed orphaned, by key and domain UUID, until removed."""
+        self.orphans = OrphanTracker(grace=self.options.orphan_grace)
+        self.removed: list[str] = []
+        """What vanished-object clean-ups removed (diagnostics, tests), newest last."""
 
     # -- wiring ------------------------------------------------------------------------------
 
@@ -501,6 +586,9 @@ class LibvirtMachineReconciler:
         return cached
 
     def _remember(self, obj: Obj) -> None:
+        """Keep the object a write returned (ours: the answer to our request), without
+        managedFields like the cache's objects (see capl.runtime.informer)."""
+        meta(obj).pop("managedFields", None)
         self._latest[key_of(obj)] = obj
 
     def _forget(self, key: ObjectKey) -> None:
@@ -510,6 +598,7 @@ class LibvirtMachineReconciler:
         self._failures.pop(key, None)
         self._shutdown_requested.discard(key)
         self._nodes_done = {entry for entry in self._nodes_done if entry[0] != key}
+        self._made.pop(key, None)
 
     def _now(self) -> str:
         return rfc3339(self.deps.clock.wall())
@@ -518,6 +607,10 @@ class LibvirtMachineReconciler:
 
     async def reconcile(self, key: ObjectKey) -> Result:
         obj = self._read(key)
+        if key in self._made or key in self._orphans:
+            waiting = await self._remove_vanished(key, obj)
+            if waiting is not None:
+                return waiting
         if obj is None:
             self._forget(key)
             return DONE
@@ -538,7 +631,15 @@ class LibvirtMachineReconciler:
         work = _Work(obj)
         if machine.metadata.deletion_timestamp is not None:
             return await self._delete(key, work, machine)
-        result = await self._provision(key, work, machine)
+        try:
+            result = await self._provision(key, work, machine)
+        except ApiNotFound:
+            # gone under this reconcile (e.g. deleted while our finalizer patch committed,
+            # kubernetes/kubernetes#77988): what was made for it must not stay behind
+            log.info("LibvirtMachine vanished during the reconcile")
+            self._latest.pop(key, None)
+            self._settled.pop(key, None)
+            return await self._remove_vanished(key, None) or DONE
         if result == DONE and self._epoch.get(key, 0) == epoch and not work.raced:
             status = work.desired.get("status") or {}
             if _condition_true(status, c.ConditionType.READY):
@@ -768,9 +869,6 @@ class LibvirtMachineReconciler:
         targets = [self._target(namespace, entry, lay, lcluster) for entry in entries]
         infos = await asyncio.gather(*(t.host.info() for t in targets), return_exceptions=True)
         uid = lm.metadata.uid or ""
-        siblings = self.cache.by_index(
-            LIBVIRT_MACHINE, INDEX_CLUSTER, cluster_index_value(namespace, cluster_name)
-        )
         candidates: list[HostCandidate] = []
         problems: list[str] = []
         for target, info in zip(targets, infos, strict=True):
@@ -780,11 +878,22 @@ class LibvirtMachineReconciler:
                 problems.append(f"{target.name}: {info}")
                 continue
             target.info = info
+            committed = 0
+            if len(targets) > 1:  # one host: nothing to weigh
+                committed = committed_memory(
+                    self.cache.by_index(
+                        LIBVIRT_MACHINE,
+                        INDEX_PENDING_HOST,
+                        host_index_value(namespace, cluster_name, target.name),
+                    ),
+                    host=target.name,
+                    skip_uid=uid,
+                )
             candidates.append(
                 HostCandidate(
                     name=target.name,
                     free_bytes=info.memory_free_bytes,
-                    committed_bytes=committed_memory(siblings, host=target.name, skip_uid=uid),
+                    committed_bytes=committed,
                 )
             )
         chosen = choose_host(candidates)
@@ -844,6 +953,10 @@ class LibvirtMachineReconciler:
                     )
                 if retag:
                     info = await host.retag_domain(domain_uuid, owner=expected)
+            # from here on, what exists (or is about to) belongs to this incarnation
+            self._made[key] = _Leftover(
+                ident=ident, domain_uuid=domain_uuid, target=target, spec=lm.spec
+            )
             if info is None:
                 if bootstrap is None:
                     bootstrap = self._bootstrap(work, machine, ident.namespace)
@@ -1137,7 +1250,7 @@ class LibvirtMachineReconciler:
         ):
             if nic.cluster_network and target.network:
                 if exclude is None:
-                    exclude = recorded_ips(self.cache.list(LIBVIRT_MACHINE), skip_uid=ident.uid)
+                    exclude = self._recorded_ips(ident)
                 # the machine's DNS name goes with the first reservation, in the same
                 # locked read-modify-write of the network
                 dns = (fqdn,) if fqdn and first_ip is None else ()
@@ -1158,6 +1271,19 @@ class LibvirtMachineReconciler:
         fault_point("dhcp-reserved")
         fault_point("dns-recorded")
         return nics
+
+    def _recorded_ips(self, ident: _Identity) -> set[str]:
+        """The InternalIPs other LibvirtMachines report (machine_plan.recorded_ips), from the
+        cache's index instead of a scan of every machine."""
+        taken = self.cache.index_values(LIBVIRT_MACHINE, INDEX_INTERNAL_IP)
+        key = ObjectKey(ident.namespace, ident.name)
+        own = self.cache.get(LIBVIRT_MACHINE, key)
+        if own is not None and meta(own).get("uid") == ident.uid:
+            store = self.cache.store(LIBVIRT_MACHINE)
+            for ip in internal_ips(own):
+                if store.index_keys(INDEX_INTERNAL_IP, ip) == [key]:
+                    taken.discard(ip)
+        return taken
 
     async def _reserve(
         self,
@@ -1222,7 +1348,7 @@ class LibvirtMachineReconciler:
                 target.host,
                 pool=target.pool,
                 network=target.network,
-                lm=lm,
+                spec=lm.spec,
                 ident=ident,
                 fqdn=fqdn,
             )
@@ -1235,7 +1361,7 @@ class LibvirtMachineReconciler:
         *,
         pool: str | None,
         network: str | None,
-        lm: LibvirtMachine,
+        spec: LibvirtMachineSpec | None,
         ident: _Identity,
         fqdn: str | None,
     ) -> None:
@@ -1251,7 +1377,7 @@ class LibvirtMachineReconciler:
                 errors.append(exc)
         if network:
             try:
-                await self._remove_network_entries(host, network, lm, ident, fqdn)
+                await self._remove_network_entries(host, network, spec, ident, fqdn)
             except VirtError as exc:
                 errors.append(exc)
         if errors:
@@ -1267,7 +1393,12 @@ class LibvirtMachineReconciler:
                 await host.delete_volume(pool=pool, name=ref.name)
 
     async def _remove_network_entries(
-        self, host: Host, network: str, lm: LibvirtMachine, ident: _Identity, fqdn: str | None
+        self,
+        host: Host,
+        network: str,
+        spec: LibvirtMachineSpec | None,
+        ident: _Identity,
+        fqdn: str | None,
     ) -> None:
         try:
             info = await host.get_network(network)
@@ -1276,7 +1407,12 @@ class LibvirtMachineReconciler:
         if info is None:
             return
         ours: dict[str, set[str]] = {}
-        for nic in nic_plans(lm.spec, cluster_network=network, bridge_mode=False):
+        plans = (
+            nic_plans(spec, cluster_network=network, bridge_mode=False)
+            if spec is not None
+            else [_default_nic(network)]
+        )
+        for nic in plans:
             if nic.cluster_network:
                 ours[nic.dhcp_name(ident.hostname)] = set(
                     mac_candidates(
@@ -1290,6 +1426,212 @@ class LibvirtMachineReconciler:
             for record in info.dns_hosts:
                 if fqdn in record.hostnames:
                     await host.remove_dns_hostnames(network=network, ip=record.ip, hostnames=[fqdn])
+
+    # -- objects that vanished, orphans ---------------------------------------------------
+
+    async def _remove_vanished(self, key: ObjectKey, cached: Obj | None) -> Result | None:
+        """Remove what was made for incarnations of `key` other than `cached` (None: the
+        object is not in the cache) once a live GET confirms they are gone. None when done;
+        a short requeue while the object exists in the API but not yet in the cache."""
+        uid = meta(cached).get("uid") if cached is not None else None
+        made = self._made.get(key)
+        swept = self._orphans.get(key, {})
+        candidates = [x for x in (made, *swept.values()) if x is not None and x.uid != uid]
+        for domain_uuid in [u for u, x in swept.items() if x.uid == uid]:
+            del swept[domain_uuid]  # the cached object accounts for it after all
+        if not candidates:
+            self._drop_orphan_key(key)
+            return None
+        try:
+            live: Obj | None = await self.client.get(key)
+        except ApiNotFound:
+            live = None
+        for leftover in candidates:
+            if accounts_for(live, owner_uid=leftover.uid, domain_uuid=leftover.domain_uuid):
+                if leftover is made and live is not None and meta(live).get("uid") == leftover.uid:
+                    # it exists; the cache has not caught up (or lost it for a relist)
+                    return Result(requeue_after=self.options.address_poll)
+                swept.pop(leftover.domain_uuid, None)
+                self.orphans.forget(leftover.domain_uuid)
+                continue
+            await self._remove_leftover(leftover)
+            if leftover is made:
+                del self._made[key]
+            swept.pop(leftover.domain_uuid, None)
+        self._drop_orphan_key(key)
+        return None
+
+    def _drop_orphan_key(self, key: ObjectKey) -> None:
+        if not self._orphans.get(key, True):
+            del self._orphans[key]
+
+    async def _remove_leftover(self, leftover: _Leftover) -> None:
+        """The domain if it still carries the vanished incarnation's tag (UID included), then
+        the machine's volumes, DHCP reservations and DNS name unless a domain holds its name
+        on the host (the caller runs inside a reconcile of the key: no reconcile of a
+        same-name object runs meanwhile)."""
+        ident, target = leftover.ident, leftover.target
+        host, owner_tag = target.host, ident.owner()
+        removed: list[str] = []
+        info = await host.get_domain(leftover.domain_uuid)
+        if info is not None:
+            if info.owner != owner_tag:
+                log.info(
+                    "domain of a vanished LibvirtMachine carries another owner tag now; left alone",
+                    domain=info.name,
+                    uuid=leftover.domain_uuid,
+                    uid=leftover.uid,
+                )
+                self.orphans.forget(leftover.domain_uuid)
+                return
+            await host.undefine_domain(leftover.domain_uuid, owner=owner_tag)
+            removed.append(f"domain {info.name} ({leftover.domain_uuid})")
+        self.orphans.forget(leftover.domain_uuid)
+        holder = await host.find_domain(ident.names.domain)
+        if holder is None:
+            await self._remove_resources(
+                host,
+                pool=target.pool,
+                network=target.network,
+                spec=leftover.spec,
+                ident=ident,
+                fqdn=dns_name(ident.hostname, target.dns_domain),
+            )
+            removed.append("its volumes, DHCP reservations and DNS name")
+        else:
+            log.info(
+                "a domain holds the machine's name: its volumes and addresses are left",
+                domain=holder.name,
+                uuid=holder.uuid,
+            )
+        what = " and ".join(removed) or "nothing (already gone)"
+        message = (
+            f"LibvirtMachine {ident.namespace}/{ident.name} (uid {ident.uid}) no longer "
+            f"exists; removed {what} from host {target.name}"
+        )
+        self.removed.append(message)
+        if len(self.removed) > 256:
+            del self.removed[:128]
+        log.info(
+            "removed what a vanished LibvirtMachine left",
+            machine=f"{ident.namespace}/{ident.name}",
+            uid=ident.uid,
+            host=target.name,
+            removed=what,
+            swept=leftover.swept,
+        )
+        lcluster = self._libvirt_cluster_raw(ident.namespace, ident.cluster)
+        if lcluster is not None and removed:
+            if leftover.swept:
+                self.deps.recorder.event(lcluster, "Warning", ORPHAN_REMOVED_REASON, message)
+            else:
+                self.deps.recorder.event(lcluster, "Normal", ROLLED_BACK_REASON, message)
+
+    def _libvirt_cluster_raw(self, namespace: str, cluster_name: str) -> Obj | None:
+        for obj in self.cache.list(LIBVIRT_CLUSTER, namespace=namespace):
+            if _cluster_name_of_libvirt_cluster(obj) == cluster_name:
+                return obj
+        return None
+
+    async def run_sweeps(self, stop: asyncio.Event) -> None:
+        """A manager runnable (while leading): an orphan sweep once the caches synced, then
+        every `orphan_sweep_interval` seconds of the injected clock."""
+        interval = self.options.orphan_sweep_interval
+        if interval <= 0:
+            await stop.wait()
+            return
+        if self.controller is not None:
+            await _until(self.controller.wait_synced(), stop)
+        while not stop.is_set():
+            try:
+                await self.sweep()
+            except (ApiError, VirtError) as exc:
+                log.warning("orphan sweep incomplete", error=str(exc))
+            await _until(self.deps.clock.sleep(interval), stop)
+
+    async def sweep(self) -> list[ObjectKey]:
+        """One orphan sweep (see the module docstring); returns the keys queued to remove a
+        confirmed orphan."""
+        key_filter = self.controller.options.key_filter if self.controller else None
+        queued: list[ObjectKey] = []
+        scopes: list[str] = []
+        for raw in self.cache.list(LIBVIRT_CLUSTER):
+            if key_filter is not None and not key_filter(raw):
+                continue
+            if DELETE_FOR_MOVE_ANNOTATION in (meta(raw).get("annotations") or {}):
+                continue
+            namespace = meta(raw).get("namespace") or ""
+            cluster_name = _cluster_name_of_libvirt_cluster(raw)
+            if not cluster_name:
+                continue
+            try:
+                lcluster = default_libvirt_cluster(parse(LibvirtCluster, raw))
+                lay = layout(lcluster)
+                cluster_raw = self.cache.get(CLUSTER, ObjectKey(namespace, cluster_name))
+                cluster = parse(Cluster, cluster_raw) if cluster_raw is not None else None
+            except InvalidObject:
+                continue
+            if paused(cluster, lcluster.metadata):
+                continue  # e.g. clusterctl move in progress: the domains change hands
+            for entry in lcluster.spec.hosts:
+                scope = host_index_value(namespace, cluster_name, entry.name)
+                scopes.append(scope)
+                try:
+                    target = self._target(namespace, entry, lay, lcluster)
+                    domains = await target.host.list_domains(cluster=cluster_name)
+                except (_Problem, VirtError) as exc:
+                    self.orphans.reset(scope)
+                    log.debug("orphan sweep skips a host", host=entry.name, error=str(exc))
+                    continue
+                found: dict[str, tuple[ObjectKey, DomainInfo, DomainOwner]] = {}
+                for info in domains:
+                    tag = info.owner
+                    if (
+                        tag is None
+                        or tag.kind != c.Kind.LIBVIRT_MACHINE
+                        or tag.namespace != namespace
+                        or tag.cluster != cluster_name
+                    ):
+                        continue
+                    key = ObjectKey(namespace, tag.name)
+                    cached = self.cache.get(LIBVIRT_MACHINE, key)
+                    if accounts_for(cached, owner_uid=tag.uid, domain_uuid=info.uuid):
+                        continue
+                    found[info.uuid.lower()] = (key, info, tag)
+                confirmed = self.orphans.observe(scope, found, now=self.deps.clock.now())
+                for domain_uuid in sorted(confirmed):
+                    key, info, tag = found[domain_uuid]
+                    try:
+                        live: Obj | None = await self.client.get(key)
+                    except ApiNotFound:
+                        live = None
+                    if accounts_for(live, owner_uid=tag.uid, domain_uuid=domain_uuid):
+                        self.orphans.forget(domain_uuid)
+                        continue
+                    ident = _Identity(
+                        namespace=namespace,
+                        name=tag.name,
+                        uid=tag.uid,
+                        cluster=cluster_name,
+                        names=machine_names(namespace=namespace, name=tag.name),
+                        hostname=machine_hostname(tag.name),
+                    )
+                    self._orphans.setdefault(key, {})[domain_uuid] = _Leftover(
+                        ident=ident, domain_uuid=domain_uuid, target=target, spec=None, swept=True
+                    )
+                    log.info(
+                        "orphaned domain confirmed, queued for removal",
+                        domain=info.name,
+                        uuid=domain_uuid,
+                        machine=f"{namespace}/{tag.name}",
+                        uid=tag.uid,
+                        host=entry.name,
+                    )
+                    queued.append(key)
+                    if self.controller is not None:
+                        self.controller.enqueue(key)
+        self.orphans.retain(scopes)
+        return queued
 
     # -- deletion ----------------------------------------------------------------------------
 
@@ -1344,7 +1686,7 @@ class LibvirtMachineReconciler:
                 host,
                 pool=target.pool,
                 network=target.network,
-                lm=lm,
+                spec=lm.spec,
                 ident=ident,
                 fqdn=dns_name(ident.hostname, target.dns_domain),
             )
@@ -1483,6 +1825,20 @@ class LibvirtMachineReconciler:
 # -- helpers ----------------------------------------------------------------------------------
 
 
+async def _until(work: Awaitable[None], stop: asyncio.Event) -> None:
+    """Await `work` unless `stop` is set first (then `work` is cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, stopped):
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending
+
+
 def _union(*mappers: Mapper) -> Mapper:
     def mapper(obj: Obj) -> Iterable[ObjectKey]:
         keys: list[ObjectKey] = []
@@ -1491,6 +1847,11 @@ def _union(*mappers: Mapper) -> Mapper:
         return keys
 
     return mapper
+
+
+def _default_nic(network: str) -> NicPlan:
+    """The one NIC on the cluster network a machine without spec.networkInterfaces has."""
+    return NicPlan(index=0, network=network, bridge=None, cluster_network=True, mac=None, ip=None)
 
 
 def _rv(obj: Obj) -> int:
@@ -1588,6 +1949,8 @@ def setup(manager: Manager, deps: Deps, *, options: MachineOptions | None = None
     machines = manager.cache.informer(LIBVIRT_MACHINE)
     machines.add_indexer(INDEX_DOMAIN_UUID, index_domain_uuid)
     machines.add_indexer(INDEX_HOST, index_host)
+    machines.add_indexer(INDEX_INTERNAL_IP, index_internal_ip)
+    machines.add_indexer(INDEX_PENDING_HOST, index_pending_host)
     manager.cache.informer(MACHINE).add_indexer(INDEX_BOOTSTRAP_SECRET, _BOOTSTRAP_SECRET_INDEXER)
     controller = manager.add_controller(
         CONTROLLER_NAME,
@@ -1597,6 +1960,7 @@ def setup(manager: Manager, deps: Deps, *, options: MachineOptions | None = None
     )
     reconciler.bind(controller)
     manager.add_runnable(reconciler.run_events, name="libvirtmachine-events")
+    manager.add_runnable(reconciler.run_sweeps, name="libvirtmachine-orphan-sweep")
     return controller
 
 

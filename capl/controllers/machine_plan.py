@@ -14,7 +14,10 @@ The reconciler (`capl.controllers.libvirtmachine`) reads the world and acts; eve
   reports nothing;
 - error classification (`classify`): condition reason, whether to retry soon, whether what a
   failed creation left must be rolled back;
-- fault-injection points for the crash-consistency test (`fault_point`).
+- fault-injection points for the crash-consistency test (`fault_point`);
+- orphans (`accounts_for`, `OrphanTracker`): whether a LibvirtMachine accounts for a domain
+  tagged with its name, and when a domain nothing accounts for has been seen long enough to be
+  removed (time is passed in: the caller owns the clock).
 
 MACs. A NIC's MAC is `capl.ports.naming.machine_mac(cluster, namespace, name, attempt)`;
 attempt 0 normally. A reservation for that MAC held by another host name (a 24-bit
@@ -96,7 +99,9 @@ __all__ = [
     "HostCandidate",
     "ImagePlan",
     "NicPlan",
+    "OrphanTracker",
     "Placement",
+    "accounts_for",
     "build_domain_spec",
     "choose_host",
     "classify",
@@ -105,11 +110,13 @@ __all__ = [
     "domain_state_text",
     "fault_point",
     "image_plan",
+    "internal_ips",
     "mac_candidates",
     "merge_addresses",
     "nic_mac",
     "nic_plans",
     "owner_matches",
+    "pending_on_host",
     "read_bootstrap",
     "recorded_ips",
 ]
@@ -513,16 +520,33 @@ def merge_addresses(
     return result, bool(ips)
 
 
+def internal_ips(obj: Mapping[str, Any]) -> tuple[str, ...]:
+    """The InternalIP addresses a LibvirtMachine reports in status.addresses."""
+    return tuple(
+        str(address["address"])
+        for address in (obj.get("status") or {}).get("addresses") or ()
+        if address.get("type") == c.AddressType.INTERNAL_IP and address.get("address")
+    )
+
+
 def recorded_ips(machines: Iterable[Mapping[str, Any]], *, skip_uid: str) -> set[str]:
-    """InternalIPs that other LibvirtMachines report (excluded when picking an address)."""
+    """InternalIPs that other LibvirtMachines report (excluded when picking an address).
+    The controller gets the same set from an index of its cache instead of scanning."""
     taken: set[str] = set()
     for obj in machines:
         if (obj.get("metadata") or {}).get("uid") == skip_uid:
             continue
-        for address in (obj.get("status") or {}).get("addresses") or ():
-            if address.get("type") == c.AddressType.INTERNAL_IP and address.get("address"):
-                taken.add(str(address["address"]))
+        taken.update(internal_ips(obj))
     return taken
+
+
+def pending_on_host(obj: Mapping[str, Any]) -> bool:
+    """Placed on a host (spec.hostName) and not provisioned yet: its memory is committed
+    there although its domain may not run (see committed_memory)."""
+    spec = obj.get("spec") or {}
+    if not spec.get("hostName"):
+        return False
+    return not ((obj.get("status") or {}).get("initialization") or {}).get("provisioned")
 
 
 # --- errors ----------------------------------------------------------------------------------
@@ -591,7 +615,69 @@ def committed_memory(machines: Iterable[Mapping[str, Any]], *, host: str, skip_u
         spec = obj.get("spec") or {}
         if meta.get("uid") == skip_uid or spec.get("hostName") != host:
             continue
-        if ((obj.get("status") or {}).get("initialization") or {}).get("provisioned"):
+        if not pending_on_host(obj):
             continue
         total += int(spec.get("memoryMiB") or 4096) * MIB
     return total
+
+
+# --- orphans ---------------------------------------------------------------------------------
+
+
+def accounts_for(obj: Mapping[str, Any] | None, *, owner_uid: str, domain_uuid: str) -> bool:
+    """Whether LibvirtMachine `obj` (None: there is none) accounts for a domain whose owner
+    tag names it with `owner_uid`: the same object (UID), or an object of the same name that
+    records the domain's UUID (after `clusterctl move`: its next reconcile retags the domain).
+    A same-name object with another UID and another domain is a new incarnation: the domain
+    belonged to a deleted one."""
+    if obj is None:
+        return False
+    md = obj.get("metadata") or {}
+    if owner_uid and md.get("uid") == owner_uid:
+        return True
+    recorded = str((obj.get("spec") or {}).get("domainUUID") or "").lower()
+    return bool(recorded) and recorded == domain_uuid.lower()
+
+
+class OrphanTracker:
+    """When a domain no LibvirtMachine accounts for may be removed by the orphan sweep.
+
+    The informer cache may lag behind the API server (an object just created, a relist in
+    progress), so a domain becomes a removal candidate only once it was reported orphaned by
+    two consecutive sweeps of its scope (one host of one cluster) *and* at least `grace`
+    seconds after it was first reported. A domain missing from a sweep's report, or a scope
+    swept with an error, starts over. Pure bookkeeping: the caller passes the time.
+    """
+
+    def __init__(self, *, grace: float) -> None:
+        self.grace = grace
+        self._first_seen: dict[str, dict[str, float]] = {}
+
+    def observe(self, scope: str, orphans: Iterable[str], *, now: float) -> set[str]:
+        """Record one complete sweep of `scope` that found `orphans` (domain UUIDs); returns
+        the ones confirmed for removal."""
+        before = self._first_seen.get(scope, {})
+        current = {u.lower() for u in orphans}
+        confirmed = {u for u in current if u in before and now - before[u] >= self.grace}
+        self._first_seen[scope] = {u: before.get(u, now) for u in current}
+        return confirmed
+
+    def reset(self, scope: str) -> None:
+        """Forget what was seen in `scope` (it could not be swept completely)."""
+        self._first_seen.pop(scope, None)
+
+    def forget(self, domain_uuid: str) -> None:
+        """The domain is gone or accounted for again."""
+        for seen in self._first_seen.values():
+            seen.pop(domain_uuid.lower(), None)
+
+    def pending(self) -> int:
+        """Domains seen orphaned once, not confirmed yet."""
+        return sum(len(seen) for seen in self._first_seen.values())
+
+    def retain(self, scopes: Iterable[str]) -> None:
+        """Drop the state of scopes that no longer exist (a deleted cluster or host)."""
+        keep = set(scopes)
+        for scope in list(self._first_seen):
+            if scope not in keep:
+                del self._first_seen[scope]

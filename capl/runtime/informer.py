@@ -14,6 +14,10 @@ Life of an informer:
    connection is noticed even when no error ever arrives.
 4. Optionally every `resync_period` all cached objects are re-delivered to handlers as
    update(obj, obj) - no API call.
+5. `metadata.managedFields` is dropped from every object as it arrives (unless
+   `keep_managed_fields`), like controller-runtime's TransformStripManagedFields: nothing in
+   a controller reads it, and it is often the largest part of an object - memory, and every
+   private copy a reconcile makes of a cached object.
 
 Handlers are called synchronously from the informer task; they should only enqueue keys.
 `Cache` holds one informer per resource and is what controllers and webhooks share.
@@ -88,6 +92,7 @@ class InformerOptions:
     page_size: int | None = 500
     backoff_initial: float = 0.8
     backoff_max: float = 30.0
+    keep_managed_fields: bool = False
 
 
 class Backoff:
@@ -247,6 +252,9 @@ class Informer:
             limit=self.options.page_size,
         )
         self.lists += 1
+        if not self.options.keep_managed_fields:
+            for obj in result.items:
+                _strip_managed_fields(obj)
         self._replace(result.items)
         self.last_resource_version = result.resource_version
         if not self._synced.is_set():
@@ -328,6 +336,8 @@ class Informer:
                 self.last_resource_version = rv
             return
         self.events += 1
+        if not self.options.keep_managed_fields:
+            _strip_managed_fields(obj)
         if event.type == "DELETED":
             gone = self.store.delete(key_of(obj))
             self._dispatch_delete(gone if gone is not None else obj)
@@ -365,6 +375,12 @@ class Informer:
         while True:
             await self.clock.sleep(period)
             self.resync()
+
+
+def _strip_managed_fields(obj: Obj) -> None:
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict):
+        metadata.pop("managedFields", None)
 
 
 class Cache:
@@ -423,6 +439,10 @@ class Cache:
 
     def by_index(self, resource: Resource, index: str, value: str) -> ObjList:
         return self.informer(resource).store.by_index(index, value)
+
+    def index_values(self, resource: Resource, index: str) -> set[str]:
+        """Every value of `index` over the cached objects of `resource` (see Store)."""
+        return self.informer(resource).store.index_values(index)
 
     def start(self, resources: ResourceList | None = None) -> None:
         for resource in resources if resources is not None else list(self._informers):

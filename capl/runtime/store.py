@@ -104,6 +104,13 @@ class Store:
     def by_index(self, index: str, value: str) -> ObjList:
         return [self._items[k] for k in self.index_keys(index, value)]
 
+    def index_values(self, index: str) -> set[str]:
+        """Every value some object has in `index` (a copy; O(values), no object is read)."""
+        try:
+            return set(self._indices[index])
+        except KeyError:
+            raise KeyError(f"no index {index!r}") from None
+
     @property
     def indexers(self) -> dict[str, Indexer]:
         return dict(self._indexers)

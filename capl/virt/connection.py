@@ -1,19 +1,58 @@
-"""One shared libvirt connection per host: lazy open, keepalive, reconnect, events, counting.
+"""Connections to one libvirt host: per-call handles, keepalive, deadlines, reconnect, events.
 
-- The connection opens lazily, in a worker thread, on the first call; every caller of that
-  host shares it (a ``virConnect`` is thread-safe). Calls run in a bounded per-host
-  ``ThreadPoolExecutor`` so a slow host cannot starve the others or the asyncio loop.
-- Connections (all but the test driver's) get ``setKeepAlive(5, 3)``: a dead peer is
-  noticed in ~20 s. The close
-  callback (and any call failing with a connection error) drops the handle, publishes a
-  ``HostEvent(DISCONNECTED)``, and starts a reconnector thread with exponential backoff
-  (0.5 s doubling to 30 s); a successful (re)open registers the lifecycle callback again and
-  publishes ``HostEvent(CONNECTED)``, so the controller can requeue that host's objects.
-  Callers arriving during a backoff window get the last ``HostUnreachable`` at once instead
-  of piling up connection attempts.
-- A failed connect whose libvirt text is a known credentials problem (ssh host key
-  mismatch, key refused, TLS certificate not trusted either way) gets a hint in front of
-  libvirt's verbatim text that names the Secret key at fault (``connect_hint``).
+Handles
+-------
+libvirt 9.0's RPC client misbehaves when several threads wait on one ``virConnect`` and the
+connection dies: keepalive closing it wakes only one of the waiting threads, the others stay
+blocked, and when the link returns the process can crash inside libvirt
+(tests/chaos/test_remote_connection_drop.py). So a connection that speaks RPC (every URI
+except the in-process test driver ``test:///...``) is never used by two calls at once:
+
+- each call checks a handle (a ``virConnect``) out of the host's pool of idle handles, or
+  opens a new one, uses it alone, and gives it back; there are never more handles than
+  threads that run calls (the host's ``max_workers`` plus one per ``serial`` key), and a
+  lightly used host needs one;
+- the first handle is the *primary*: it carries the close callback and the domain lifecycle
+  callbacks (run on the process-wide libvirt event thread, ``capl.virt.events``) and, while no
+  call uses it, serves calls like any other handle (callbacks make no RPC calls);
+- a call that makes a stream (volume upload, console) hands its handle over to that stream:
+  it never goes back to the pool, so the stream's later calls, from whatever thread, are the
+  only ones on it; the stream's reference keeps the connection open while it lives;
+- a handle is closed only when no call uses it (returned stale, or idle); closing happens on a
+  short-lived thread, since closing a connection whose peer vanished can block.
+
+``test:///...`` runs the driver inside this process, without RPC: one shared handle serves all
+calls at once (as the driver allows), and each ``test:///file.xml`` connection would have
+private state anyway.
+
+Keepalive and loss
+------------------
+Every handle that speaks RPC asks for ``setKeepAlive(5, 3)`` (a failure is only logged): a
+dead peer is noticed in ~20 s, and each blocked call on it fails then. A connection error on
+any handle, a failed open, or the primary's close callback marks the host *lost*: the epoch
+advances (every handle opened before is stale and closed once free), ``HostEvent
+(DISCONNECTED)`` is published, and a reconnector thread reopens the primary with exponential
+backoff (0.5 s doubling to 30 s, first attempt at once); its success bumps ``generation``,
+registers the callbacks again and publishes ``HostEvent(CONNECTED)`` so the controllers
+requeue that host's objects. While the host is lost, and during the backoff window after a
+failed first connect, new calls fail at once with ``HostUnreachable`` (the last error and
+when the next attempt is due) instead of queueing on a dead host.
+
+Deadlines and the in-flight cap
+-------------------------------
+Every call has an asyncio-side deadline (``call_timeout``, 30 s by default; calls made in a
+``long_calls()`` block, e.g. base image imports, and volume uploads get ``long_call_timeout``).
+When it passes, the caller gets ``HostUnreachable`` naming the host and the action and moves
+on; the thread stays behind until libvirt returns (keepalive bounds that on a dead link), and
+a call still queued is dropped. Calls submitted and not yet finished (including those left
+behind) are capped per host (``max_inflight``): beyond it new calls fail at once, so a host
+that stopped answering cannot collect an unbounded queue while other hosts carry on.
+
+Other duties
+------------
+- A failed connect whose libvirt text is a known credentials problem (ssh host key mismatch,
+  key refused, TLS certificate not trusted either way) gets a hint in front of libvirt's
+  verbatim text that names the Secret key at fault (``connect_hint``).
 - Every libvirt call made through ``run`` is counted per host and method
   (``virDomain.create``...) by a transparent proxy around the connection and the objects it
   returns; methods that never leave the process (``name``, ``UUIDString``...) are not
@@ -21,19 +60,27 @@
 - Object handles (domains, volumes, ...) are not cached across calls: each call looks up
   what it needs and the handles are freed when the call returns, so a reconnect never
   leaves stale handles behind.
+- Operations that must not overlap (read-modify-write of one network or pool) name a
+  ``serial`` key and run, in order, on that key's own single thread: they queue there rather
+  than in the shared pool (where a worker waiting for a lock is lost to every other
+  operation), and run back to back without a round trip through the event loop between two
+  of them (which a busy loop would stretch).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import libvirt
 
@@ -44,7 +91,14 @@ from capl.virt.events import EventHub, ensure_event_loop
 from capl.virt.states import event_detail_name
 from capl.virt.uri import ConnectPlan
 
-__all__ = ["CallCounter", "HostConnection", "connect_hint"]
+__all__ = [
+    "CALL_TIMEOUT",
+    "LONG_CALL_TIMEOUT",
+    "CallCounter",
+    "HostConnection",
+    "connect_hint",
+    "in_process",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +106,14 @@ T = TypeVar("T")
 
 KEEPALIVE_INTERVAL = 5
 KEEPALIVE_COUNT = 3
+CALL_TIMEOUT = 30.0
+"""Seconds an ordinary call may take before its caller gets ``HostUnreachable``."""
+LONG_CALL_TIMEOUT = 1800.0
+"""The same for long calls: volume uploads, base image imports (``long_calls()``)."""
 _BACKOFF_FIRST = 0.5
 _BACKOFF_MAX = 30.0
+
+_long_calls: ContextVar[bool] = ContextVar("capl_virt_long_calls", default=False)
 
 _LOCAL_METHODS = frozenset(
     {"name", "UUIDString", "UUID", "key", "ID", "connect", "isAlive", "getURI"}
@@ -176,14 +236,31 @@ class CallCounter:
             self._counts.clear()
 
 
+class _Handle:
+    """One ``virConnect`` and what the pool knows about it."""
+
+    __slots__ = ("callback_ids", "conn", "epoch", "primary", "retired", "shared", "users")
+
+    def __init__(self, conn: Any, *, epoch: int, primary: bool, shared: bool) -> None:
+        self.conn = conn
+        self.epoch = epoch
+        self.primary = primary
+        self.shared = shared  # the in-process driver's one handle: calls use it at once
+        self.retired = False  # a stream was made on it and owns it now
+        self.users = 0
+        self.callback_ids: list[int] = []
+
+
 class _Counted:
-    """Forwards attribute access to a libvirt object, counting the RPC-backed calls."""
+    """Forwards attribute access to a libvirt object, counting the RPC-backed calls; a stream
+    made through it takes its handle out of the pool (see the module docstring)."""
 
-    __slots__ = ("_count", "_target")
+    __slots__ = ("_count", "_handle", "_target")
 
-    def __init__(self, target: Any, count: Callable[[str], None]) -> None:
+    def __init__(self, target: Any, count: Callable[[str], None], handle: _Handle) -> None:
         object.__setattr__(self, "_target", target)
         object.__setattr__(self, "_count", count)
+        object.__setattr__(self, "_handle", handle)
 
     def __getattr__(self, attr: str) -> Any:
         value = getattr(self._target, attr)
@@ -191,19 +268,22 @@ class _Counted:
             return value
         method = f"{type(self._target).__name__}.{attr}"
         count = self._count
+        handle = self._handle
 
         def call(*args: Any, **kwargs: Any) -> Any:
             count(method)
-            return _wrap(value(*args, **kwargs), count)
+            return _wrap(value(*args, **kwargs), count, handle)
 
         return call
 
 
-def _wrap(result: Any, count: Callable[[str], None]) -> Any:
+def _wrap(result: Any, count: Callable[[str], None], handle: _Handle) -> Any:
     if isinstance(result, _WRAPPED_TYPES):
-        return _Counted(result, count)
+        if isinstance(result, libvirt.virStream) and not handle.shared:
+            handle.retired = True
+        return _Counted(result, count, handle)
     if isinstance(result, list) and result and isinstance(result[0], _WRAPPED_TYPES):
-        return [_Counted(item, count) for item in result]
+        return [_Counted(item, count, handle) for item in result]
     return result
 
 
@@ -211,7 +291,50 @@ def _backoff(failures: int) -> float:
     return float(min(_BACKOFF_MAX, _BACKOFF_FIRST * (2 ** max(0, failures - 1))))
 
 
+def in_process(plan: ConnectPlan) -> bool:
+    """True when the driver runs inside this process (``test:///...``: no transport, no
+    host), so there is no RPC: no keepalive, and one handle may serve every call."""
+    try:
+        scheme = urlsplit(plan.uri).scheme
+    except ValueError:
+        return False
+    return plan.driver == "test" and "+" not in scheme and not plan.remote
+
+
+def _alive(conn: Any) -> bool:
+    try:
+        return bool(conn.isAlive())
+    except libvirt.libvirtError:
+        return False
+
+
+def _dispose(handles: list[_Handle]) -> None:
+    """Deregister a primary's callbacks and close each handle (no call uses them)."""
+    for handle in handles:
+        conn = handle.conn
+        if handle.primary:
+            for callback_id in handle.callback_ids:
+                with contextlib.suppress(libvirt.libvirtError):
+                    conn.domainEventDeregisterAny(callback_id)
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.unregisterCloseCallback()
+        with contextlib.suppress(libvirt.libvirtError):
+            conn.close()
+
+
+def _dispose_later(handles: list[_Handle]) -> threading.Thread | None:
+    """Close ``handles`` on a short-lived thread: closing a connection whose peer vanished
+    blocks until keepalive gives up, and no caller should wait for that."""
+    if not handles:
+        return None
+    thread = threading.Thread(target=_dispose, args=(handles,), name="libvirt-close", daemon=True)
+    thread.start()
+    return thread
+
+
 class HostConnection:
+    """The connections to one libvirt host (see the module docstring)."""
+
     def __init__(
         self,
         plan: ConnectPlan,
@@ -219,33 +342,43 @@ class HostConnection:
         hub: EventHub,
         counter: CallCounter,
         max_workers: int = 8,
+        call_timeout: float = CALL_TIMEOUT,
+        long_call_timeout: float = LONG_CALL_TIMEOUT,
+        max_inflight: int | None = None,
     ) -> None:
         self.plan = plan
         self.host_id = plan.host_id
+        self.call_timeout = call_timeout
+        self.long_call_timeout = long_call_timeout
+        self.max_inflight = max_inflight if max_inflight is not None else 4 * max_workers
         self._hub = hub
         self._counter = counter
+        self._in_process = in_process(plan)
         self._executor = ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix=f"libvirt-{plan.driver}"
         )
         self._state = threading.Lock()  # short critical sections only (event thread uses it)
-        self._opening = threading.Lock()  # serializes connection attempts
-        self._conn: Any = None
-        self._generation = 0
-        self._callback_ids: list[int] = []
+        self._opening = threading.Lock()  # serializes opening the primary
+        self._primary: _Handle | None = None
+        self._idle: list[_Handle] = []
+        self._epoch = 0  # advances on every loss: handles of older epochs are stale
+        self._generation = 0  # advances on every successful (re)open of the primary
+        self._lost = False  # the connection was lost and the reconnector is at work
         self._failures = 0
         self._next_attempt = 0.0
         self._last_error: HostUnreachable | None = None
+        self._inflight = 0
         self._closed = False
         self._stop = threading.Event()
         self._reconnector: threading.Thread | None = None
-        self._dead: list[Any] = []
+        self._serial: dict[str, ThreadPoolExecutor] = {}
 
     # -- public ---------------------------------------------------------------------------
 
     @property
     def connected(self) -> bool:
         with self._state:
-            return self._conn is not None
+            return self._primary is not None and not self._lost
 
     @property
     def generation(self) -> int:
@@ -253,81 +386,241 @@ class HostConnection:
         with self._state:
             return self._generation
 
-    async def run(self, action: str, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(conn)`` in the host's thread pool; libvirt errors become typed errors."""
-        loop = asyncio.get_running_loop()
+    @property
+    def inflight(self) -> int:
+        """Calls submitted and not finished, including those whose caller gave up."""
+        with self._state:
+            return self._inflight
+
+    @property
+    def handles(self) -> int:
+        """Open handles the pool holds idle (the primary included when idle)."""
+        with self._state:
+            return len(self._idle)
+
+    @contextlib.contextmanager
+    def long_calls(self) -> Iterator[None]:
+        """Calls made inside (and by tasks created inside) get ``long_call_timeout``."""
+        token = _long_calls.set(True)
         try:
-            future = loop.run_in_executor(self._executor, self._invoke, action, fn)
+            yield
+        finally:
+            _long_calls.reset(token)
+
+    async def run(
+        self,
+        action: str,
+        fn: Callable[[Any], T],
+        *,
+        serial: str | None = None,
+        timeout: float | None = None,
+    ) -> T:
+        """Run ``fn(conn)`` in the host's thread pool (or, with ``serial``, on that key's own
+        thread, after the operations queued there before) on a connection no other call
+        uses; libvirt errors become typed errors. ``HostUnreachable`` when the host is lost,
+        too many calls are pending, or no answer came within ``timeout`` (default: the
+        connection's ``call_timeout``, or ``long_call_timeout`` inside ``long_calls()``)."""
+        if timeout is None:
+            timeout = self.long_call_timeout if _long_calls.get() else self.call_timeout
+        with self._state:
+            refused = self._unavailable(action)
+            if refused is None and self._inflight >= self.max_inflight:
+                refused = HostUnreachable(
+                    f"{action} on {self.host_id}: {self._inflight} calls to the host are "
+                    f"still unanswered (limit {self.max_inflight})",
+                    host=self.host_id,
+                )
+            if refused is None:
+                self._inflight += 1
+        if refused is not None:
+            raise refused
+        try:
+            executor = self._executor if serial is None else self._serial_executor(serial)
+            submitted = executor.submit(self._invoke, action, fn)
         except RuntimeError:  # the executor is shut down: the host was closed
+            self._call_done(None)
             raise HostUnreachable(
                 f"{action}: host {self.host_id} is closed", host=self.host_id
             ) from None
-        return await future
+        submitted.add_done_callback(self._call_done)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(submitted), timeout)
+        except TimeoutError:
+            raise HostUnreachable(
+                f"{action} on {self.host_id}: no answer from the host within {timeout:g} s",
+                host=self.host_id,
+            ) from None
+
+    def mark_lost(self, why: str) -> None:
+        """What the close callback does: the connection is gone, reconnect in the background."""
+        with self._state:
+            epoch = self._epoch
+        self._lose(
+            epoch, HostUnreachable(f"connection to {self.host_id} lost: {why}", host=self.host_id)
+        )
 
     def count(self, method: str) -> None:
         self._counter.add(self.host_id, method)
 
     async def close(self) -> None:
-        """Deregister callbacks, close the connection, remove the credential files."""
+        """Deregister callbacks, close the idle handles (handles in use are closed when
+        their call returns), stop the threads, remove the credential files."""
         with self._state:
             self._closed = True
-            conn, self._conn = self._conn, None
-            callback_ids, self._callback_ids = self._callback_ids, []
-            dead, self._dead = self._dead, []
+            self._epoch += 1
+            free = self._take_free()
+            serial, self._serial = list(self._serial.values()), {}
         self._stop.set()
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, self._dispose, conn, callback_ids, dead)
+            thread = _dispose_later(free)
+            if thread is not None:  # bounded: a peer that vanished must not hold us up
+                await asyncio.to_thread(thread.join, 10.0)
         finally:
-            self._executor.shutdown(wait=False)
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            for executor in serial:
+                executor.shutdown(wait=False, cancel_futures=True)
             self.plan.cleanup()
+
+    # -- asyncio side helpers -------------------------------------------------------------
+
+    def _serial_executor(self, key: str) -> ThreadPoolExecutor:
+        with self._state:
+            if self._closed:
+                raise RuntimeError("closed")
+            executor = self._serial.get(key)
+            if executor is None:
+                executor = self._serial[key] = ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix=f"libvirt-{self.plan.driver}-{key}"
+                )
+            return executor
+
+    def _call_done(self, _future: concurrent.futures.Future[Any] | None) -> None:
+        with self._state:
+            self._inflight -= 1
+
+    def _unavailable(self, action: str) -> HostUnreachable | None:
+        """Why a call must fail at once, or None (holding ``_state``)."""
+        if self._closed:
+            return HostUnreachable(f"{action}: host {self.host_id} is closed", host=self.host_id)
+        error = self._last_error
+        if error is None:
+            return None
+        waiting = self._next_attempt - time.monotonic()
+        if self._lost:
+            when = f"next attempt in {waiting:.1f}s" if waiting > 0 else "reconnecting"
+        elif waiting > 0:
+            when = f"next attempt in {waiting:.1f}s"
+        else:
+            return None  # the backoff window after a failed connect is over: try again
+        return HostUnreachable(f"{error.message} ({when})", host=self.host_id, code=error.code)
+
+    def _take_free(self) -> list[_Handle]:
+        """Empty the pool (holding ``_state``): the handles no call uses, for disposal."""
+        free = [h for h in self._idle if not h.retired]
+        self._idle = []
+        primary, self._primary = self._primary, None
+        if primary is not None and primary.users == 0 and primary not in free:
+            if not primary.retired:
+                free.append(primary)
+        return free
 
     # -- worker-thread side ---------------------------------------------------------------
 
     def _invoke(self, action: str, fn: Callable[[Any], T]) -> T:
-        conn = self._connection()
+        handle = self._checkout(action)
+        broken: HostUnreachable | None = None
         try:
-            return fn(_Counted(conn, self.count))
+            return fn(_Counted(handle.conn, self.count, handle))
         except VirtError as error:  # raised by the operation itself: say which host
             if error.host is None:
                 error.host = self.host_id
+            if isinstance(error, HostUnreachable) and not _alive(handle.conn):
+                broken = error
             raise
         except libvirt.libvirtError as exc:
-            if is_connection_error(exc) or not _alive(conn):
-                self._mark_dead(conn, f"{action} failed: {exc.get_error_message()}")
-                raise HostUnreachable(
+            if is_connection_error(exc) or not _alive(handle.conn):
+                broken = HostUnreachable(
                     f"{action} on {self.host_id}: connection lost: {exc.get_error_message()}",
                     host=self.host_id,
                     code=exc.get_error_code(),
-                ) from exc
+                )
+                raise broken from exc
             raise translate(exc, host=self.host_id, action=action) from exc
+        finally:
+            self._checkin(handle, broken)
 
-    def _connection(self, *, force: bool = False) -> Any:
-        with self._state:
-            if self._closed:
-                raise HostUnreachable(f"host {self.host_id} is closed", host=self.host_id)
-            conn = self._conn
-        if conn is not None:
-            if _alive(conn):
-                return conn
-            self._mark_dead(conn, "connection is no longer alive")
-        with self._opening:
+    def _checkout(self, action: str) -> _Handle:
+        """A handle for one call: idle, or newly opened (the primary first)."""
+        while True:
+            stale: list[_Handle] = []
             with self._state:
-                if self._conn is not None:
-                    return self._conn
-                if self._closed:
-                    raise HostUnreachable(f"host {self.host_id} is closed", host=self.host_id)
-                waiting = self._next_attempt - time.monotonic()
-                if not force and waiting > 0 and self._last_error is not None:
-                    error = self._last_error
-                    raise HostUnreachable(
-                        f"{error.message} (next attempt in {waiting:.1f}s)",
-                        host=self.host_id,
-                        code=error.code,
-                    )
-            return self._open()
+                refused = self._unavailable(action)
+                if refused is not None:
+                    raise refused
+                primary, epoch = self._primary, self._epoch
+                if primary is not None and primary.shared:
+                    primary.users += 1
+                    return primary
+                found: _Handle | None = None
+                while primary is not None and self._idle:
+                    candidate = self._idle.pop()
+                    if candidate.epoch == epoch and _alive(candidate.conn):
+                        candidate.users += 1
+                        found = candidate
+                        break
+                    stale.append(candidate)
+            if stale:
+                self._discard(stale, epoch)
+            if found is not None:
+                return found
+            if primary is None:
+                opened = self._open_primary(action, checkout=True, force=False)
+                if opened is not None:
+                    return opened
+                continue  # someone else opened it meanwhile: take a handle from the pool
+            return self._open_worker(action, epoch)
 
-    def _open(self) -> Any:
+    def _discard(self, stale: list[_Handle], epoch: int) -> None:
+        """Idle handles found dead or stale; a dead primary means the host is lost."""
+        dead_primary = next((h for h in stale if h.primary and h.epoch == epoch), None)
+        if dead_primary is not None:
+            self._lose(
+                epoch,
+                HostUnreachable(
+                    f"connection to {self.host_id} lost: connection is no longer alive",
+                    host=self.host_id,
+                ),
+            )
+        with self._state:
+            free = [h for h in stale if h is not self._primary]
+        _dispose_later(free)
+
+    def _checkin(self, handle: _Handle, broken: HostUnreachable | None) -> None:
+        alive = broken is None and not handle.retired and _alive(handle.conn)
+        if broken is None and not alive and not handle.retired:
+            broken = HostUnreachable(
+                f"connection to {self.host_id} lost: connection is no longer alive",
+                host=self.host_id,
+            )
+        if broken is not None:
+            self._lose(handle.epoch, broken)
+        dispose: list[_Handle] = []
+        with self._state:
+            handle.users -= 1
+            current = handle.epoch == self._epoch and not self._closed
+            if handle.shared:
+                if not current and handle.users == 0 and handle is not self._primary:
+                    dispose.append(handle)
+            elif handle.retired:
+                pass  # its stream owns it now (a retired primary still delivers events)
+            elif current and alive:
+                self._idle.append(handle)
+            elif handle is not self._primary or not current:
+                dispose.append(handle)
+        _dispose_later(dispose)
+
+    def _connect(self) -> Any:
+        """Open one ``virConnect`` (keepalive on when it speaks RPC)."""
         ensure_event_loop()
         self.count("virConnect.open")
         try:
@@ -337,65 +630,117 @@ class HostConnection:
             hint = connect_hint(self.plan.transport, detail)
             if hint:
                 detail = f"{hint}: {detail}"
-            error = HostUnreachable(
+            raise HostUnreachable(
                 f"connect to {self.host_id}: {detail}",
                 host=self.host_id,
                 code=exc.get_error_code(),
-            )
-            with self._state:
-                self._failures += 1
-                self._next_attempt = time.monotonic() + _backoff(self._failures)
-                self._last_error = error
-            raise error from exc
+            ) from exc
         if conn is None:  # old bindings returned None instead of raising
             raise HostUnreachable(f"connect to {self.host_id} failed", host=self.host_id)
-        with self._state:
-            self._generation += 1
-            generation = self._generation
-        callback_ids: list[int] = []
-        if self.plan.driver != "test":  # the test driver has no keepalive
+        if not self._in_process:  # a remote peer (or libvirtd) can vanish: notice it
             try:
                 self.count("virConnect.setKeepAlive")
                 conn.setKeepAlive(KEEPALIVE_INTERVAL, KEEPALIVE_COUNT)
             except libvirt.libvirtError as exc:
                 log.debug("keepalive not available on %s: %s", self.host_id, exc)
-        try:
-            self.count("virConnect.registerCloseCallback")
-            conn.registerCloseCallback(self._on_close, generation)
-        except libvirt.libvirtError as exc:
-            log.debug("close callback not available on %s: %s", self.host_id, exc)
-        try:
-            self.count("virConnect.domainEventRegisterAny")
-            callback_ids.append(
-                conn.domainEventRegisterAny(
-                    None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, self._on_lifecycle, generation
-                )
-            )
-        except libvirt.libvirtError as exc:
-            log.warning("domain events not available on %s: %s", self.host_id, exc)
-        with self._state:
-            if self._closed:
-                self._dead.append(conn)
-                raise HostUnreachable(f"host {self.host_id} is closed", host=self.host_id)
-            self._conn = conn
-            self._callback_ids = callback_ids
-            self._failures = 0
-            self._next_attempt = 0.0
-            self._last_error = None
-        log.info("connected to %s", self.host_id)
-        self._hub.publish(HostEvent(host_id=self.host_id, kind=HostEventKind.CONNECTED))
         return conn
 
-    def _mark_dead(self, conn: Any, why: str) -> None:
+    def _open_worker(self, action: str, epoch: int) -> _Handle:
+        try:
+            conn = self._connect()
+        except HostUnreachable as error:
+            self._lose(epoch, error)
+            raise
+        handle = _Handle(conn, epoch=epoch, primary=False, shared=False)
+        handle.users = 1
         with self._state:
-            if self._conn is not conn or self._closed:
-                return
-            self._conn = None
-            self._callback_ids = []
-            self._dead.append(conn)
-        log.warning("connection to %s lost: %s", self.host_id, why)
+            stale = self._closed or epoch != self._epoch
+        if stale:
+            _dispose_later([handle])
+            with self._state:
+                refused = self._unavailable(action)
+            raise refused or HostUnreachable(
+                f"{action} on {self.host_id}: connection lost meanwhile", host=self.host_id
+            )
+        return handle
+
+    def _open_primary(self, action: str, *, checkout: bool, force: bool) -> _Handle | None:
+        """Open the primary connection; None when another thread opened it meanwhile.
+        ``force``: the reconnector, which ignores the lost state and the backoff window."""
+        with self._opening:
+            with self._state:
+                if self._closed:
+                    raise HostUnreachable(f"host {self.host_id} is closed", host=self.host_id)
+                if self._primary is not None:
+                    return None
+                if not force:
+                    refused = self._unavailable(action)
+                    if refused is not None:
+                        raise refused
+                epoch = self._epoch
+            try:
+                conn = self._connect()
+            except HostUnreachable as error:
+                with self._state:
+                    self._failures += 1
+                    self._next_attempt = time.monotonic() + _backoff(self._failures)
+                    self._last_error = error
+                raise
+            handle = _Handle(conn, epoch=epoch, primary=True, shared=self._in_process)
+            with self._state:
+                generation = self._generation + 1
+            try:
+                self.count("virConnect.registerCloseCallback")
+                conn.registerCloseCallback(self._on_close, generation)
+            except libvirt.libvirtError as exc:
+                log.debug("close callback not available on %s: %s", self.host_id, exc)
+            try:
+                self.count("virConnect.domainEventRegisterAny")
+                handle.callback_ids.append(
+                    conn.domainEventRegisterAny(
+                        None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, self._on_lifecycle, generation
+                    )
+                )
+            except libvirt.libvirtError as exc:
+                log.warning("domain events not available on %s: %s", self.host_id, exc)
+            with self._state:
+                usable = not self._closed and epoch == self._epoch
+                if usable:
+                    self._generation = generation
+                    self._primary = handle
+                    self._lost = False
+                    self._failures = 0
+                    self._next_attempt = 0.0
+                    self._last_error = None
+                    if checkout or handle.shared:
+                        handle.users += int(checkout)
+                    else:
+                        self._idle.append(handle)
+            if not usable:
+                _dispose_later([handle])
+                raise HostUnreachable(
+                    f"{action}: host {self.host_id} was closed or lost meanwhile",
+                    host=self.host_id,
+                )
+        log.info("connected to %s", self.host_id)
+        self._hub.publish(HostEvent(host_id=self.host_id, kind=HostEventKind.CONNECTED))
+        return handle
+
+    def _lose(self, epoch: int, error: HostUnreachable) -> None:
+        """The connection of ``epoch`` is gone: make every handle of it stale, fail new
+        calls fast, reconnect in the background (once per loss)."""
+        with self._state:
+            if self._closed or epoch != self._epoch:
+                return  # closed, or a loss already handled
+            self._epoch += 1
+            self._lost = True
+            self._last_error = error
+            self._next_attempt = 0.0
+            free = self._take_free()
+        _dispose_later(free)
+        log.warning("%s", error.message)
         self._hub.publish(
-            HostEvent(host_id=self.host_id, kind=HostEventKind.DISCONNECTED, message=why)
+            HostEvent(host_id=self.host_id, kind=HostEventKind.DISCONNECTED, message=error.message)
         )
         self._start_reconnector()
 
@@ -413,36 +758,35 @@ class HostConnection:
         delay = _BACKOFF_FIRST
         while not self._stop.is_set():
             with self._state:
-                dead, self._dead = self._dead, []
-            self._dispose(None, [], dead)
+                if not self._lost or self._closed:
+                    return
             try:
-                self._connection(force=True)
-                return
+                self._open_primary("reconnect", checkout=False, force=True)
+                with self._state:
+                    if not self._lost:
+                        return
+                continue  # lost again at once: go on with the same backoff
             except VirtError as exc:
                 log.info("reconnect to %s failed, retrying in %.1fs: %s", self.host_id, delay, exc)
+            with self._state:
+                self._next_attempt = time.monotonic() + delay
             if self._stop.wait(delay):
                 return
             delay = min(_BACKOFF_MAX, delay * 2)
-
-    def _dispose(self, conn: Any, callback_ids: list[int], dead: list[Any]) -> None:
-        if conn is not None:
-            for callback_id in callback_ids:
-                with contextlib.suppress(libvirt.libvirtError):
-                    conn.domainEventDeregisterAny(callback_id)
-            with contextlib.suppress(libvirt.libvirtError):
-                conn.unregisterCloseCallback()
-            dead = [conn, *dead]
-        for handle in dead:
-            with contextlib.suppress(libvirt.libvirtError):
-                handle.close()
 
     # -- event-thread side ----------------------------------------------------------------
 
     def _on_close(self, conn: Any, reason: int, generation: int) -> None:
         with self._state:
-            current = self._conn if generation == self._generation else None
-        if current is not None:
-            self._mark_dead(current, f"closed by libvirt ({_CLOSE_REASONS.get(reason, reason)})")
+            primary = self._primary
+            current = primary is not None and generation == self._generation and not self._lost
+            epoch = self._epoch
+        if current:
+            why = f"closed by libvirt ({_CLOSE_REASONS.get(reason, reason)})"
+            self._lose(
+                epoch,
+                HostUnreachable(f"connection to {self.host_id} lost: {why}", host=self.host_id),
+            )
 
     def _on_lifecycle(
         self, conn: Any, domain: Any, event: int, detail: int, generation: int
@@ -460,10 +804,3 @@ class HostConnection:
                 detail=event_detail_name(event, detail),
             )
         )
-
-
-def _alive(conn: Any) -> bool:
-    try:
-        return bool(conn.isAlive())
-    except libvirt.libvirtError:
-        return False

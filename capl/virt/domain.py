@@ -285,11 +285,12 @@ _SOURCES = (
 
 
 def domain_addresses(c: Any, uuid: str) -> list[InterfaceAddress]:
+    """Addresses from the DHCP lease and the guest agent. A domain that is not running has
+    none: both queries fail then (no isActive round trip first; a failing source counts as
+    reporting nothing, as an agent that does not answer does)."""
     domain = _by_uuid(c, uuid)
     if domain is None:
         raise DomainNotFound(f"domain {uuid} does not exist")
-    if not domain.isActive():
-        return []
     found: dict[tuple[AddressSource, str, str], InterfaceAddress] = {}
     for source, flag in _SOURCES:
         try:

@@ -1,17 +1,26 @@
 """``LibvirtHost``: the ``capl.ports.virt.Host`` implementation for one libvirt URI.
 
 Every method runs its libvirt calls as one closure in the host's worker pool (see
-``connection.HostConnection.run``); read-modify-write sequences take the per-pool or
-per-network lock inside that closure. Waiting (graceful shutdown) happens on the asyncio side
-with short polls, never by blocking a worker.
+``connection.HostConnection.run``). Read-modify-write sequences on one pool or network are
+serialized: they run on that pool's or network's own thread, one after the other (so a busy
+network never ties up worker threads that other operations need, and its queue drains
+without waiting for the event loop in between), and the closure takes the per-pool or
+per-network threading lock as well (shared with the base image importer). Waiting (graceful
+shutdown) happens on the asyncio side with short polls, never by blocking a worker.
+
+What does not change while connected is read once per connection (hostname, versions,
+capabilities, the node's model/CPUs/memory size; ``info()`` asks only for free memory), and
+each network's DHCP hosts and DNS records are kept in a ``NetworkCache`` that is only a cache
+(see ``capl.virt.network``: libvirt's own uniqueness checks guard every addition, removals
+never trust it, a reconnect drops it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Collection, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, TypeVar
 
 import libvirt
 
@@ -50,6 +59,8 @@ from capl.virt.support import LockTable
 
 __all__ = ["LibvirtHost"]
 
+T = TypeVar("T")
+
 _SHUTDOWN_POLL_FIRST = 0.05
 _SHUTDOWN_POLL_MAX = 1.0
 
@@ -72,12 +83,22 @@ class LibvirtHost:
         self._conn = connection
         self._importer = importer
         self._locks = LockTable()
-        self._static: tuple[str, str, str, str, str, tuple[str, ...], DomainCaps] | None = None
+        self._networks = networks.NetworkCache()
+        self._static: (
+            tuple[str, str, str, str, str, tuple[str, ...], DomainCaps, tuple[Any, ...]] | None
+        ) = None
         self._static_generation = -1
 
     @property
     def host_id(self) -> HostId:
         return self._conn.host_id
+
+    async def _serial(self, kind: str, name: str, action: str, fn: Callable[[Any], T]) -> T:
+        """``fn`` on the serial thread of (kind, name): read-modify-write operations of one
+        pool or network run one after the other, queued there and not in the shared pool
+        (see ``HostConnection.run``). ``fn`` still takes the threading lock of (kind, name),
+        which other paths (base image imports) share."""
+        return await self._conn.run(action, fn, serial=f"{kind}:{name}")
 
     @property
     def connection(self) -> HostConnection:
@@ -117,10 +138,10 @@ class LibvirtHost:
                     caps.arch,
                     caps.domain_types,
                     domcaps,
+                    tuple(c.getInfo()),  # model, memory, CPUs: fixed while connected
                 )
                 self._static_generation = generation
-            hostname, lib, hypervisor, hv_version, arch, types, domcaps = self._static
-            model_info = c.getInfo()
+            hostname, lib, hypervisor, hv_version, arch, types, domcaps, model_info = self._static
             free = int(c.getFreeMemory())
             return HostInfo(
                 host_id=self.host_id,
@@ -154,7 +175,7 @@ class LibvirtHost:
             with self._locks.get("pool", spec.name):
                 return storage.ensure_pool(c, spec)
 
-        return await self._conn.run(f"ensure storage pool {spec.name}", op)
+        return await self._serial("pool", spec.name, f"ensure storage pool {spec.name}", op)
 
     async def get_pool(self, name: str) -> PoolInfo | None:
         return await self._conn.run(
@@ -166,7 +187,7 @@ class LibvirtHost:
             with self._locks.get("pool", name):
                 return storage.delete_pool(c, name, owner)
 
-        return await self._conn.run(f"delete storage pool {name}", op)
+        return await self._serial("pool", name, f"delete storage pool {name}", op)
 
     async def ensure_base_image(self, *, pool: str, name: str, source: ImageSource) -> BaseImage:
         return await self._importer.ensure(
@@ -191,7 +212,7 @@ class LibvirtHost:
                     backing_format=backing_format,
                 )
 
-        return await self._conn.run(f"create overlay volume {name} in pool {pool}", op)
+        return await self._serial("pool", pool, f"create overlay volume {name} in pool {pool}", op)
 
     async def create_volume(
         self,
@@ -210,14 +231,14 @@ class LibvirtHost:
                     c, pool, name, capacity_bytes=capacity_bytes, format=format
                 )
 
-        return await self._conn.run(f"create volume {name} in pool {pool}", op)
+        return await self._serial("pool", pool, f"create volume {name} in pool {pool}", op)
 
     async def upload_volume(self, *, pool: str, name: str, data: bytes) -> VolumeInfo:
         def op(c: Any) -> VolumeInfo:
             with self._locks.get("pool", pool):
                 return storage.upload_bytes(c, pool, name, data)
 
-        return await self._conn.run(f"upload volume {name} to pool {pool}", op)
+        return await self._serial("pool", pool, f"upload volume {name} to pool {pool}", op)
 
     async def get_volume(self, *, pool: str, name: str) -> VolumeInfo | None:
         return await self._conn.run(
@@ -240,16 +261,22 @@ class LibvirtHost:
             with self._locks.get("pool", pool):
                 return storage.delete_volume(c, pool, name)
 
-        return await self._conn.run(f"delete volume {name} in pool {pool}", op)
+        return await self._serial("pool", pool, f"delete volume {name} in pool {pool}", op)
 
     # -- networks -------------------------------------------------------------------------
+
+    @property
+    def network_cache(self) -> networks.NetworkCache:
+        """The DHCP/DNS entry cache of this host's networks (see capl.virt.network)."""
+        return self._networks
 
     async def ensure_network(self, spec: NetworkSpec, *, adopt: bool = False) -> NetworkInfo:
         def op(c: Any) -> NetworkInfo:
             with self._locks.get("network", spec.name):
+                self._networks.drop(spec.name)
                 return networks.ensure_network(c, spec, adopt=adopt)
 
-        return await self._conn.run(f"ensure network {spec.name}", op)
+        return await self._serial("network", spec.name, f"ensure network {spec.name}", op)
 
     async def get_network(self, name: str) -> NetworkInfo | None:
         return await self._conn.run(f"read network {name}", lambda c: networks.get_network(c, name))
@@ -257,9 +284,10 @@ class LibvirtHost:
     async def delete_network(self, *, name: str, owner: ClusterOwner) -> bool:
         def op(c: Any) -> bool:
             with self._locks.get("network", name):
+                self._networks.drop(name)
                 return networks.delete_network(c, name, owner)
 
-        return await self._conn.run(f"delete network {name}", op)
+        return await self._serial("network", name, f"delete network {name}", op)
 
     async def ensure_dhcp_host(
         self,
@@ -284,16 +312,24 @@ class LibvirtHost:
                     ip=ip,
                     exclude=excluded,
                     dns_hostnames=dns_names,
+                    cache=self._networks,
+                    generation=self._conn.generation,
                 )
 
-        return await self._conn.run(f"reserve DHCP address for {mac} in network {network}", op)
+        return await self._serial(
+            "network", network, f"reserve DHCP address for {mac} in network {network}", op
+        )
 
     async def remove_dhcp_host(self, *, network: str, mac: str) -> bool:
         def op(c: Any) -> bool:
             with self._locks.get("network", network):
-                return networks.remove_dhcp_host(c, network, mac)
+                return networks.remove_dhcp_host(
+                    c, network, mac, cache=self._networks, generation=self._conn.generation
+                )
 
-        return await self._conn.run(f"remove DHCP host {mac} from network {network}", op)
+        return await self._serial(
+            "network", network, f"remove DHCP host {mac} from network {network}", op
+        )
 
     async def add_dns_hostnames(
         self, *, network: str, ip: str, hostnames: Sequence[str]
@@ -302,9 +338,11 @@ class LibvirtHost:
 
         def op(c: Any) -> DnsHost:
             with self._locks.get("network", network):
-                return networks.add_dns_hostnames(c, network, ip, names)
+                return networks.add_dns_hostnames(
+                    c, network, ip, names, cache=self._networks, generation=self._conn.generation
+                )
 
-        return await self._conn.run(f"add DNS host {ip} to network {network}", op)
+        return await self._serial("network", network, f"add DNS host {ip} to network {network}", op)
 
     async def remove_dns_hostnames(
         self, *, network: str, ip: str, hostnames: Sequence[str] | None = None
@@ -313,9 +351,13 @@ class LibvirtHost:
 
         def op(c: Any) -> bool:
             with self._locks.get("network", network):
-                return networks.remove_dns_hostnames(c, network, ip, names)
+                return networks.remove_dns_hostnames(
+                    c, network, ip, names, cache=self._networks, generation=self._conn.generation
+                )
 
-        return await self._conn.run(f"remove DNS host {ip} from network {network}", op)
+        return await self._serial(
+            "network", network, f"remove DNS host {ip} from network {network}", op
+        )
 
     async def dhcp_leases(self, *, network: str) -> list[DhcpLease]:
         return await self._conn.run(
@@ -324,9 +366,15 @@ class LibvirtHost:
 
     async def find_free_ip(self, *, network: str, exclude: Collection[str] = ()) -> str:
         excluded = frozenset(exclude)
-        return await self._conn.run(
-            f"find a free address in network {network}",
-            lambda c: networks.find_free_ip(c, network, excluded),
+
+        def op(c: Any) -> str:
+            with self._locks.get("network", network):
+                return networks.find_free_ip(
+                    c, network, excluded, cache=self._networks, generation=self._conn.generation
+                )
+
+        return await self._serial(
+            "network", network, f"find a free address in network {network}", op
         )
 
     # -- domains --------------------------------------------------------------------------

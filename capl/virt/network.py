@@ -7,12 +7,40 @@
   starts a bridge-mode network on a missing bridge without complaint). A network whose start
   fails is undefined again: nothing half-created stays.
 - DHCP host and DNS host updates use ``AFFECT_LIVE | AFFECT_CONFIG`` and are serialized per
-  network (read-modify-write). libvirt keeps at most one DNS host record per IP, so hostnames
-  are merged into that record (delete by ``<host ip=.../>``, then add); a record shared by
-  several hostnames across IPs (round-robin ``api``) is fine because deletes go by IP.
+  network by the caller (``LibvirtHost``'s per-network lock). libvirt keeps at most one DNS
+  host record per IP, so hostnames are merged into that record (delete by ``<host ip=.../>``,
+  then add); a record shared by several hostnames across IPs (round-robin ``api``) is fine
+  because deletes go by IP.
 - A free IP is the first address of the DHCP range that is neither reserved (DHCP hosts), nor
   leased, nor the gateway, nor in the caller's ``exclude`` set (the addresses recorded in the
   API objects): no in-process IPAM state.
+
+The entry cache (``NetworkCache``)
+    Reading a network means formatting and parsing its whole definition: with N machines on
+    a network, deciding each reservation by a fresh read costs O(N) per machine, O(N^2) for a
+    scale-out. So the per-host cache keeps what the last read said about each network's DHCP
+    hosts and DNS records, plus the changes this process made since. It is only a cache;
+    libvirt stays the source of truth, and a stale entry can never produce a duplicate:
+
+    - Negative answers ("this MAC/address/record is not there") are acted on directly: the
+      ADD itself is the check, because libvirt refuses a DHCP host whose MAC, name or IP
+      another entry has, and a second DNS record for an IP. When an update fails, the
+      network is read again and the decision is taken again on that view (a few attempts),
+      so another writer (a second manager, virsh, a previous run of this one) costs one
+      extra read, never a duplicate.
+    - Positive answers ("this MAC is reserved", "this address has a record") are confirmed by
+      a fresh read before anything is based on them (returning a reservation, raising a
+      conflict, replacing a record), so a removal made elsewhere is never missed.
+    - Removals never trust the cache: a DHCP host is deleted by MAC straight away (libvirt
+      says when nothing matched, then a fresh read tells "absent" from a real error); a DNS
+      record is always read fresh before it is changed.
+    - An entry is refreshed on a miss and after any failed update, dropped when the network
+      is created or deleted, and ignored after a reconnect (entries carry the connection
+      generation they were read on). A restarted manager starts with an empty cache.
+
+    An address picked from a stale cache may only skip addresses someone else released in
+    the meantime (they are picked up at the next refresh); the ``exclude`` set (addresses
+    the API objects report) and the current leases are applied on every pick, as before.
 """
 
 from __future__ import annotations
@@ -20,6 +48,8 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
+import socket
+import threading
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -61,6 +91,8 @@ from capl.virt.storage import is_test_driver
 from capl.virt.support import code_of, lookup
 
 __all__ = [
+    "NetworkCache",
+    "NetworkEntries",
     "add_dns_hostnames",
     "delete_network",
     "dhcp_leases",
@@ -250,9 +282,9 @@ def _live(network: Any) -> NetworkInfo:
     return parse_network_xml(str(network.XMLDesc(0)), active=True, persistent=True, autostart=False)
 
 
-def _dhcp_capable(info: NetworkInfo) -> None:
-    if not info.dhcp_start or not info.dhcp_end:
-        raise Unsupported(f"network {info.name!r} has no DHCP range managed by libvirt")
+def _dhcp_capable(entries: NetworkEntries) -> None:
+    if entries.dhcp_start is None or entries.dhcp_end is None:
+        raise Unsupported(f"network {entries.name!r} has no DHCP range managed by libvirt")
 
 
 def _leases(network: Any) -> list[DhcpLease]:
@@ -263,15 +295,15 @@ def _leases(network: Any) -> list[DhcpLease]:
     ]
 
 
-def _leased(c: Any, network: Any) -> list[DhcpLease]:
-    """Current leases, or none where the driver has no DHCP server (test driver)."""
+def _leased(c: Any, network: Any) -> set[str]:
+    """Currently leased addresses, or none where the driver has no DHCP server (test driver)."""
     if is_test_driver(c):
-        return []
+        return set()
     try:
-        return _leases(network)
+        return {lease.ip for lease in _leases(network)}
     except libvirt.libvirtError as exc:
         if is_unsupported_flags(exc):
-            return []
+            return set()
         raise
 
 
@@ -295,33 +327,163 @@ def dhcp_leases(c: Any, name: str) -> list[DhcpLease]:
         raise
 
 
-def _pick_free(info: NetworkInfo, taken: set[str]) -> str:
-    assert info.dhcp_start
-    assert info.dhcp_end
-    start, end = ipaddress.IPv4Address(info.dhcp_start), ipaddress.IPv4Address(info.dhcp_end)
-    for value in range(int(start), int(end) + 1):
-        candidate = str(ipaddress.IPv4Address(value))
-        if candidate not in taken:
-            return candidate
-    raise AddressExhausted(
-        f"network {info.name!r}: no free address in {start}-{end} "
-        f"({len(taken)} reserved, leased or recorded)"
+# -- the entry cache --------------------------------------------------------------------------
+
+
+def _ip_int(value: str) -> int:
+    return int.from_bytes(socket.inet_aton(value), "big")
+
+
+def _ip_str(value: int) -> str:
+    return socket.inet_ntoa(value.to_bytes(4, "big"))
+
+
+class NetworkEntries:
+    """What one read of a network said about its DHCP hosts and DNS records, kept up to date
+    with the changes made through it since (see the module docstring: only a cache).
+
+    ``fresh`` is true while the entries come from a read made in the running operation.
+    ``_low`` is a search hint: every address of the DHCP range below it is reserved here, so
+    the first free address is found without scanning the reserved prefix again.
+    """
+
+    __slots__ = (
+        "_low",
+        "by_ip",
+        "by_mac",
+        "dhcp_end",
+        "dhcp_start",
+        "dns",
+        "fresh",
+        "gateway",
+        "generation",
+        "name",
+        "network",
     )
 
+    def __init__(self, info: NetworkInfo, *, generation: int) -> None:
+        self.name = info.name
+        self.generation = generation
+        self.fresh = True
+        self.gateway = info.gateway
+        self.network = ipaddress.IPv4Network(info.cidr) if info.cidr else None
+        self.dhcp_start = _ip_int(info.dhcp_start) if info.dhcp_start else None
+        self.dhcp_end = _ip_int(info.dhcp_end) if info.dhcp_end else None
+        self.by_mac: dict[str, DhcpHost] = {h.mac: h for h in info.dhcp_hosts}
+        self.by_ip: dict[str, DhcpHost] = {h.ip: h for h in info.dhcp_hosts}
+        self.dns: dict[str, DnsHost] = {h.ip: h for h in info.dns_hosts}
+        self._low = self.dhcp_start or 0
 
-def _taken(c: Any, network: Any, info: NetworkInfo, exclude: Collection[str]) -> set[str]:
-    taken = {h.ip for h in info.dhcp_hosts} | {lease.ip for lease in _leased(c, network)}
-    taken |= {str(ip) for ip in exclude}
-    if info.gateway:
-        taken.add(info.gateway)
-    return taken
+    def pick(self, *, exclude: Collection[str], leased: Collection[str]) -> str:
+        """The first address of the DHCP range that is not reserved, leased, excluded or the
+        gateway."""
+        assert self.dhcp_start is not None
+        assert self.dhcp_end is not None
+        by_ip, end = self.by_ip, self.dhcp_end
+        low = self._low
+        while low <= end and _ip_str(low) in by_ip:
+            low += 1
+        self._low = low
+        for value in range(low, end + 1):
+            candidate = _ip_str(value)
+            if (
+                candidate not in by_ip
+                and candidate not in exclude
+                and candidate not in leased
+                and candidate != self.gateway
+            ):
+                return candidate
+        raise AddressExhausted(
+            f"network {self.name!r}: no free address in "
+            f"{_ip_str(self.dhcp_start)}-{_ip_str(end)} "
+            f"({len(by_ip)} reserved, {len(exclude)} recorded, {len(leased)} leased)"
+        )
+
+    def reserved(self, host: DhcpHost) -> None:
+        self.by_mac[host.mac] = host
+        self.by_ip[host.ip] = host
+
+    def released(self, mac: str) -> None:
+        host = self.by_mac.pop(mac, None)
+        if host is None:
+            return
+        if self.by_ip.get(host.ip) is host:
+            del self.by_ip[host.ip]
+        try:
+            value = _ip_int(host.ip)
+        except OSError:
+            return
+        if self.dhcp_start is not None and self.dhcp_start <= value < self._low:
+            self._low = value
+
+    def set_dns(self, ip: str, record: DnsHost | None) -> None:
+        if record is None:
+            self.dns.pop(ip, None)
+        else:
+            self.dns[ip] = record
 
 
-def find_free_ip(c: Any, name: str, exclude: Collection[str]) -> str:
+class NetworkCache:
+    """Per host: network name -> ``NetworkEntries``. Each entry is only used under its
+    network's lock (``LibvirtHost``), by one worker thread at a time."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._entries: dict[str, NetworkEntries] = {}
+        self.reads = 0
+        """Network definitions read to fill or refresh the cache (tests, diagnostics)."""
+
+    def entries(self, network: Any, name: str, *, generation: int) -> NetworkEntries:
+        """The cached entries, read from libvirt when missing or from an older connection."""
+        with self._guard:
+            cached = self._entries.get(name)
+        if cached is not None and cached.generation == generation:
+            cached.fresh = False
+            return cached
+        return self.refresh(network, name, generation=generation)
+
+    def refresh(self, network: Any, name: str, *, generation: int) -> NetworkEntries:
+        """Read the network's live definition again (one XMLDesc) and cache it."""
+        entries = NetworkEntries(_live(network), generation=generation)
+        with self._guard:
+            self.reads += 1
+            self._entries[name] = entries
+        return entries
+
+    def cached(self, name: str, *, generation: int) -> NetworkEntries | None:
+        """The cached entries of this connection, or None (no read)."""
+        with self._guard:
+            cached = self._entries.get(name)
+        return cached if cached is not None and cached.generation == generation else None
+
+    def confirmed(self, network: Any, entries: NetworkEntries) -> NetworkEntries:
+        """``entries`` if read in this operation, else a fresh read (confirms a positive
+        answer of the cache before acting on it)."""
+        if entries.fresh:
+            return entries
+        return self.refresh(network, entries.name, generation=entries.generation)
+
+    def drop(self, name: str) -> None:
+        with self._guard:
+            self._entries.pop(name, None)
+
+    def clear(self) -> None:
+        with self._guard:
+            self._entries.clear()
+
+
+# -- DHCP reservations and DNS records ---------------------------------------------------------
+
+_ATTEMPTS = 3
+
+
+def find_free_ip(
+    c: Any, name: str, exclude: Collection[str], *, cache: NetworkCache, generation: int
+) -> str:
     network = _require(c, name)
-    info = _live(network)
-    _dhcp_capable(info)
-    return _pick_free(info, _taken(c, network, info, exclude))
+    entries = cache.entries(network, name, generation=generation)
+    _dhcp_capable(entries)
+    return entries.pick(exclude=exclude, leased=_leased(c, network))
 
 
 def ensure_dhcp_host(
@@ -333,6 +495,8 @@ def ensure_dhcp_host(
     ip: str | None,
     exclude: Collection[str],
     dns_hostnames: Sequence[str] = (),
+    cache: NetworkCache,
+    generation: int,
 ) -> DhcpHost:
     mac = normalize_mac(mac)
     if host_name is not None:
@@ -340,64 +504,88 @@ def ensure_dhcp_host(
     for hostname in dns_hostnames:
         check_hostname(hostname)
     network = _require(c, name)
-    info = _live(network)
-    _dhcp_capable(info)
-    mine = next((h for h in info.dhcp_hosts if h.mac == mac), None)
-    if mine is not None:
-        if ip is not None and ip != mine.ip:
-            raise AddressConflict(
-                f"network {name!r}: MAC {mac} is reserved for {mine.ip}, not {ip}",
-                field="mac",
-                value=mac,
+    entries = cache.entries(network, name, generation=generation)
+    _dhcp_capable(entries)
+    for attempt in range(_ATTEMPTS):
+        if mac in entries.by_mac:
+            entries = cache.confirmed(network, entries)
+        mine = entries.by_mac.get(mac)
+        if mine is not None:
+            if ip is not None and ip != mine.ip:
+                raise AddressConflict(
+                    f"network {name!r}: MAC {mac} is reserved for {mine.ip}, not {ip}",
+                    field="mac",
+                    value=mac,
+                )
+            if dns_hostnames and mine.name == host_name:
+                _merge_dns(network, cache, entries, mine.ip, dns_hostnames)
+            return mine
+        if ip is None:
+            chosen = entries.pick(exclude=exclude, leased=_leased(c, network))
+        else:
+            chosen = ip
+            if ip in entries.by_ip:
+                entries = cache.confirmed(network, entries)
+            holder = entries.by_ip.get(ip)
+            if holder is not None and holder.mac != mac:
+                raise AddressConflict(
+                    f"network {name!r}: {ip} is reserved for MAC {holder.mac}",
+                    field="ip",
+                    value=ip,
+                )
+            if entries.network is not None and ipaddress.IPv4Address(ip) not in entries.network:
+                raise InvalidSpec(f"network {name!r}: {ip} is not in {entries.network}")
+        host = DhcpHost(mac=mac, ip=chosen, name=host_name)
+        try:
+            _update(
+                network,
+                libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
+                libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST,
+                build_dhcp_host_xml(host),
             )
-        if dns_hostnames and mine.name == host_name:
-            _merge_dns(network, info, mine.ip, dns_hostnames)
-        return mine
-    if ip is None:
-        ip = _pick_free(info, _taken(c, network, info, exclude))
-    else:
-        holder = next((h for h in info.dhcp_hosts if h.ip == ip), None)
-        if holder is not None:
-            raise AddressConflict(
-                f"network {name!r}: {ip} is reserved for MAC {holder.mac}",
-                field="ip",
-                value=ip,
-            )
-        plan_net = ipaddress.IPv4Network(info.cidr) if info.cidr else None
-        if plan_net is not None and ipaddress.IPv4Address(ip) not in plan_net:
-            raise InvalidSpec(f"network {name!r}: {ip} is not in {plan_net}")
-    host = DhcpHost(mac=mac, ip=ip, name=host_name)
-    _update(
-        network,
-        libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
-        libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST,
-        build_dhcp_host_xml(host),
-    )
-    if dns_hostnames:
-        # the DHCP update left the DNS section of `info` as it is on the network
-        _merge_dns(network, info, ip, dns_hostnames)
-    return host
+        except libvirt.libvirtError:
+            # libvirt refuses a second entry with this MAC or address: if a fresh read shows
+            # one (a cache older than another writer's change), decide again on that view
+            stale = not entries.fresh
+            entries = cache.refresh(network, name, generation=generation)
+            explained = mac in entries.by_mac or chosen in entries.by_ip
+            if not (stale or explained) or attempt == _ATTEMPTS - 1:
+                raise
+            log.info("network %s changed behind this process's back: decided again", name)
+            continue
+        entries.reserved(host)
+        if dns_hostnames:
+            _merge_dns(network, cache, entries, chosen, dns_hostnames)
+        return host
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
-def remove_dhcp_host(c: Any, name: str, mac: str) -> bool:
+def remove_dhcp_host(c: Any, name: str, mac: str, *, cache: NetworkCache, generation: int) -> bool:
+    """DELETE by MAC straight away; libvirt says when nothing matches (then a fresh read
+    tells "not there" from a real failure)."""
     mac = normalize_mac(mac)
     network = _lookup(c, name)
     if network is None:
+        cache.drop(name)
         return False
-    info = _live(network)
-    if not any(h.mac == mac for h in info.dhcp_hosts):
-        return False
-    _update(
-        network,
-        libvirt.VIR_NETWORK_UPDATE_COMMAND_DELETE,
-        libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST,
-        build_dhcp_host_match_xml(mac),
-    )
+    try:
+        _update(
+            network,
+            libvirt.VIR_NETWORK_UPDATE_COMMAND_DELETE,
+            libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST,
+            build_dhcp_host_match_xml(mac),
+        )
+    except libvirt.libvirtError as exc:
+        if code_of(exc) != libvirt.VIR_ERR_OPERATION_INVALID:
+            cache.drop(name)
+            raise
+        if mac not in cache.refresh(network, name, generation=generation).by_mac:
+            return False
+        raise
+    cached = cache.cached(name, generation=generation)
+    if cached is not None:
+        cached.released(mac)
     return True
-
-
-def _dns_record(info: NetworkInfo, ip: str) -> DnsHost | None:
-    return next((h for h in info.dns_hosts if h.ip == ip), None)
 
 
 def _replace_dns(network: Any, current: DnsHost | None, wanted: DnsHost | None) -> None:
@@ -432,30 +620,62 @@ def _replace_dns(network: Any, current: DnsHost | None, wanted: DnsHost | None) 
             raise
 
 
-def add_dns_hostnames(c: Any, name: str, ip: str, hostnames: Sequence[str]) -> DnsHost:
+def add_dns_hostnames(
+    c: Any, name: str, ip: str, hostnames: Sequence[str], *, cache: NetworkCache, generation: int
+) -> DnsHost:
     for hostname in hostnames:
         check_hostname(hostname)
     network = _require(c, name)
-    return _merge_dns(network, _live(network), ip, hostnames)
+    return _merge_dns(
+        network, cache, cache.entries(network, name, generation=generation), ip, hostnames
+    )
 
 
-def _merge_dns(network: Any, info: NetworkInfo, ip: str, hostnames: Sequence[str]) -> DnsHost:
-    current = _dns_record(info, ip)
-    names = list(current.hostnames) if current else []
-    names += [h for h in hostnames if h not in names]
-    wanted = DnsHost(ip=ip, hostnames=tuple(names))
-    if current is not None and current.hostnames == wanted.hostnames:
-        return current
-    _replace_dns(network, current, wanted)
-    return wanted
+def _merge_dns(
+    network: Any, cache: NetworkCache, entries: NetworkEntries, ip: str, hostnames: Sequence[str]
+) -> DnsHost:
+    """Merge ``hostnames`` into the record of ``ip``. A record the cache knows is read again
+    before it is replaced (names someone else added are kept); a record the cache does not
+    know is added directly: libvirt refuses a second record for an address, and then a fresh
+    read decides again."""
+    for attempt in range(_ATTEMPTS):
+        if ip in entries.dns:
+            entries = cache.confirmed(network, entries)
+        current = entries.dns.get(ip)
+        names = list(current.hostnames) if current else []
+        names += [h for h in hostnames if h not in names]
+        wanted = DnsHost(ip=ip, hostnames=tuple(names))
+        if current is not None and current.hostnames == wanted.hostnames:
+            return current
+        try:
+            _replace_dns(network, current, wanted)
+        except libvirt.libvirtError:
+            stale = not entries.fresh
+            entries = cache.refresh(network, entries.name, generation=entries.generation)
+            if not (stale or ip in entries.dns) or attempt == _ATTEMPTS - 1:
+                raise
+            continue
+        entries.set_dns(ip, wanted)
+        return wanted
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
-def remove_dns_hostnames(c: Any, name: str, ip: str, hostnames: Sequence[str] | None) -> bool:
+def remove_dns_hostnames(
+    c: Any,
+    name: str,
+    ip: str,
+    hostnames: Sequence[str] | None,
+    *,
+    cache: NetworkCache,
+    generation: int,
+) -> bool:
+    """Always on a fresh read: a removal never trusts the cache's "not there"."""
     network = _lookup(c, name)
     if network is None:
+        cache.drop(name)
         return False
-    info = _live(network)
-    current = _dns_record(info, ip)
+    entries = cache.refresh(network, name, generation=generation)
+    current = entries.dns.get(ip)
     if current is None:
         return False
     if hostnames is None:
@@ -464,5 +684,11 @@ def remove_dns_hostnames(c: Any, name: str, ip: str, hostnames: Sequence[str] | 
         remaining = tuple(h for h in current.hostnames if h not in set(hostnames))
         if remaining == current.hostnames:
             return False
-    _replace_dns(network, current, DnsHost(ip=ip, hostnames=remaining) if remaining else None)
+    wanted = DnsHost(ip=ip, hostnames=remaining) if remaining else None
+    try:
+        _replace_dns(network, current, wanted)
+    except libvirt.libvirtError:
+        cache.drop(name)
+        raise
+    entries.set_dns(ip, wanted)
     return True

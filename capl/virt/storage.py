@@ -223,11 +223,11 @@ def create_volume(
     backing_path: str | None = None,
     backing_format: str | None = None,
 ) -> VolumeInfo:
-    """Create unless it exists (then return it as is)."""
+    """Create unless it exists (then return it as is).
+
+    Creation is tried first (a new volume is the common case: one lookup saved); when it
+    fails and a volume of that name exists, that volume is the answer."""
     pool = lookup_pool(c, pool_name)
-    existing = lookup_volume(pool, name)
-    if existing is not None:
-        return volume_info(existing, pool=pool_name)
     xml = build_volume_xml(
         name=name,
         capacity_bytes=capacity_bytes,
@@ -235,7 +235,13 @@ def create_volume(
         backing_path=backing_path,
         backing_format=backing_format,
     )
-    volume = retry_busy(lambda: pool.createXML(xml, 0))
+    try:
+        volume = retry_busy(lambda: pool.createXML(xml, 0))
+    except libvirt.libvirtError:
+        existing = lookup_volume(pool, name)
+        if existing is None:
+            raise
+        return volume_info(existing, pool=pool_name)
     return volume_info(volume, pool=pool_name)
 
 
@@ -260,16 +266,21 @@ def is_test_driver(c: Any) -> bool:
 
 
 def upload_bytes(c: Any, pool_name: str, name: str, data: bytes) -> VolumeInfo:
-    """Replace volume ``name`` with ``data`` (deleted again if the upload fails)."""
+    """Replace volume ``name`` with ``data`` (deleted again if the upload fails). Creation
+    is tried first; only when it fails is an existing volume of that name deleted."""
     pool = lookup_pool(c, pool_name)
-    existing = lookup_volume(pool, name)
-    if existing is not None:
-        retry_busy(lambda: ignore_codes(lambda: existing.delete(0), _NO_VOL))
     test_driver = is_test_driver(c)
     xml = build_volume_xml(
         name=name, capacity_bytes=len(data) if test_driver else 0, format=VolumeFormat.RAW
     )
-    volume = retry_busy(lambda: pool.createXML(xml, 0))
+    try:
+        volume = retry_busy(lambda: pool.createXML(xml, 0))
+    except libvirt.libvirtError:
+        existing = lookup_volume(pool, name)
+        if existing is None:
+            raise
+        retry_busy(lambda: ignore_codes(lambda: existing.delete(0), _NO_VOL))
+        volume = retry_busy(lambda: pool.createXML(xml, 0))
     if test_driver:
         return volume_info(volume, pool=pool_name)
     try:

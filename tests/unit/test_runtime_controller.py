@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -25,7 +25,7 @@ from capl.runtime.informer import Cache
 from capl.runtime.metrics import RuntimeMetrics
 from capl.runtime.objects import CLUSTER_NAME_LABEL, Obj, ObjectKey, copy_obj
 from capl.runtime.patch import apply_patch
-from capl.runtime.resources import CLUSTER, CONFIG_MAP, LIBVIRT_MACHINE, MACHINE, SECRET
+from capl.runtime.resources import CLUSTER, CONFIG_MAP, LIBVIRT_MACHINE, MACHINE, SECRET, Resource
 from tests.fixtures.runtime import FakeApi, FakeClient, eventually
 
 
@@ -85,6 +85,31 @@ async def env() -> AsyncIterator[tuple[FakeApi, FakeClient, Cache, FakeClock, Ru
     await cache.stop()
 
 
+def controller(
+    env: Any,
+    toy: Toy,
+    *,
+    name: str = "toy",
+    for_: Resource = CONFIG_MAP,
+    watches: Sequence[Watch] = (),
+    metrics: bool = False,
+    **options: Any,
+) -> Controller:
+    """A Controller of `toy` on the env's cache and fake clock (`options`: ControllerOptions;
+    `metrics`: count into the env's RuntimeMetrics)."""
+    _, _, cache, clock, runtime_metrics = env
+    return Controller(
+        name,
+        for_=for_,
+        reconciler=toy,
+        cache=cache,
+        clock=clock,
+        watches=watches,
+        metrics=runtime_metrics if metrics else None,
+        options=ControllerOptions(**options),
+    )
+
+
 async def start(ctrl: Controller) -> asyncio.Task[None]:
     task = asyncio.create_task(ctrl.run())
     await ctrl.wait_synced()
@@ -92,19 +117,11 @@ async def start(ctrl: Controller) -> asyncio.Task[None]:
 
 
 async def test_reconciles_each_object_once_and_skips_its_own_status_writes(env: Any) -> None:
-    api, client, cache, clock, metrics = env
+    api, client, cache, _clock, metrics = env
     for i in range(20):
         api.put(CONFIG_MAP, thing(f"t{i}", i))
     toy = Toy(cache, client)
-    ctrl = Controller(
-        "toy",
-        for_=CONFIG_MAP,
-        reconciler=toy,
-        cache=cache,
-        clock=clock,
-        metrics=metrics,
-        options=ControllerOptions(concurrency=4),
-    )
+    ctrl = controller(env, toy, metrics=True, concurrency=4)
     task = await start(ctrl)
     await eventually(lambda: all(o.get("status") for o in api.objects[CONFIG_MAP].values()))
     await eventually(lambda: all(o.get("status") for o in cache.list(CONFIG_MAP)))
@@ -137,10 +154,10 @@ async def test_reconciles_each_object_once_and_skips_its_own_status_writes(env: 
 
 
 async def test_logging_context_is_bound_per_reconcile(env: Any) -> None:
-    api, client, cache, clock, _ = env
+    api, client, cache, _clock, _ = env
     api.put(CONFIG_MAP, thing("a"))
     toy = Toy(cache, client)
-    ctrl = Controller("toy", for_=CONFIG_MAP, reconciler=toy, cache=cache, clock=clock)
+    ctrl = controller(env, toy)
     task = await start(ctrl)
     await eventually(lambda: len(toy.calls) == 1)
     ctx = toy.contexts[0]
@@ -162,9 +179,7 @@ async def test_results_and_errors(env: Any) -> None:
         Result(requeue=True),
         Result(requeue_after=30.0),
     ]
-    ctrl = Controller(
-        "toy", for_=CONFIG_MAP, reconciler=toy, cache=cache, clock=clock, metrics=metrics
-    )
+    ctrl = controller(env, toy, metrics=True)
     task = await start(ctrl)
     key = ObjectKey("ns", "a")
     await eventually(lambda: len(toy.calls) == 1)
@@ -204,18 +219,11 @@ async def test_results_and_errors(env: Any) -> None:
 
 
 async def test_events_during_a_reconcile_give_one_rerun(env: Any) -> None:
-    api, client, cache, clock, _ = env
+    api, client, cache, _clock, _ = env
     api.put(CONFIG_MAP, thing("a"))
     toy = Toy(cache, client)
     toy.gate = asyncio.Event()
-    ctrl = Controller(
-        "toy",
-        for_=CONFIG_MAP,
-        reconciler=toy,
-        cache=cache,
-        clock=clock,
-        options=ControllerOptions(concurrency=3),
-    )
+    ctrl = controller(env, toy, concurrency=3)
     task = await start(ctrl)
     await eventually(lambda: len(toy.calls) == 1)
     rc = client.resource(CONFIG_MAP)
@@ -301,17 +309,16 @@ def test_mappers() -> None:
 
 
 async def test_secondary_watches_map_to_primary_keys(env: Any) -> None:
-    api, client, cache, clock, _ = env
+    api, client, cache, _clock, _ = env
     api.put(LIBVIRT_MACHINE, thing("lm1", labels={CLUSTER_NAME_LABEL: "c1"}))
     api.put(LIBVIRT_MACHINE, thing("lm2", labels={CLUSTER_NAME_LABEL: "c1"}))
     api.put(LIBVIRT_MACHINE, thing("lm3", labels={CLUSTER_NAME_LABEL: "c2"}))
     toy = Toy(cache, client, LIBVIRT_MACHINE)
-    ctrl = Controller(
-        "lm",
+    ctrl = controller(
+        env,
+        toy,
+        name="lm",
         for_=LIBVIRT_MACHINE,
-        reconciler=toy,
-        cache=cache,
-        clock=clock,
         watches=[
             Watch(MACHINE, map_ref("spec", "infrastructureRef", kind="LibvirtMachine")),
             Watch(CLUSTER, map_cluster_members(cache, LIBVIRT_MACHINE)),
@@ -350,18 +357,11 @@ async def test_secondary_watches_map_to_primary_keys(env: Any) -> None:
 
 
 async def test_key_filter_and_external_trigger(env: Any) -> None:
-    api, client, cache, clock, _ = env
+    api, client, cache, _clock, _ = env
     api.put(CONFIG_MAP, thing("mine", labels={"cluster.x-k8s.io/watch-filter": "x"}))
     api.put(CONFIG_MAP, thing("other"))
     toy = Toy(cache, client)
-    ctrl = Controller(
-        "toy",
-        for_=CONFIG_MAP,
-        reconciler=toy,
-        cache=cache,
-        clock=clock,
-        options=ControllerOptions(key_filter=label_filter("cluster.x-k8s.io/watch-filter", "x")),
-    )
+    ctrl = controller(env, toy, key_filter=label_filter("cluster.x-k8s.io/watch-filter", "x"))
     task = await start(ctrl)
     await eventually(lambda: toy.calls == [ObjectKey("ns", "mine")])
     await eventually(lambda: not ctrl.queue.processing)
@@ -376,19 +376,12 @@ async def test_key_filter_and_external_trigger(env: Any) -> None:
 
 
 async def test_graceful_shutdown_waits_for_in_flight_reconciles(env: Any) -> None:
-    api, client, cache, clock, _ = env
+    api, client, cache, _clock, _ = env
     api.put(CONFIG_MAP, thing("a"))
     api.put(CONFIG_MAP, thing("b"))
     toy = Toy(cache, client)
     toy.gate = asyncio.Event()
-    ctrl = Controller(
-        "toy",
-        for_=CONFIG_MAP,
-        reconciler=toy,
-        cache=cache,
-        clock=clock,
-        options=ControllerOptions(concurrency=1),
-    )
+    ctrl = controller(env, toy, concurrency=1)
     task = await start(ctrl)
     await eventually(lambda: len(toy.calls) == 1)
     stopping = asyncio.create_task(ctrl.shutdown(grace=30))
@@ -402,7 +395,7 @@ async def test_graceful_shutdown_waits_for_in_flight_reconciles(env: Any) -> Non
 
 
 async def test_secret_to_machine_to_libvirt_machine(env: Any) -> None:
-    api, client, cache, clock, _ = env
+    api, client, cache, _clock, _ = env
     cache.informer(MACHINE).add_indexer(
         "bootstrap-secret", field_indexer("spec", "bootstrap", "dataSecretName")
     )
@@ -426,12 +419,11 @@ async def test_secret_to_machine_to_libvirt_machine(env: Any) -> None:
         map_by_name_index(cache, MACHINE, "bootstrap-secret"),
         map_ref("spec", "infrastructureRef", kind="LibvirtMachine"),
     )
-    ctrl = Controller(
-        "lm",
+    ctrl = controller(
+        env,
+        toy,
+        name="lm",
         for_=LIBVIRT_MACHINE,
-        reconciler=toy,
-        cache=cache,
-        clock=clock,
         watches=[
             Watch(MACHINE, map_ref("spec", "infrastructureRef", kind="LibvirtMachine")),
             Watch(SECRET, mapper),

@@ -219,6 +219,53 @@ async def test_indexes(api: FakeApi, informer: Any) -> None:
     )
 
 
+async def test_index_values_follow_the_objects(api: FakeApi, informer: Any) -> None:
+    inf, _, _ = informer
+    api.put(CONFIG_MAP, cm("a"))
+    api.put(CONFIG_MAP, cm("b"))
+    inf.add_indexer("data-v", lambda o: [o["data"]["v"]])
+    inf.start()
+    await inf.wait_synced()
+    assert inf.store.index_values("data-v") == {"0"}
+    client = FakeClient(api).resource(CONFIG_MAP)
+    await client.patch(ObjectKey("ns", "a"), {"data": {"v": "1"}})
+    await eventually(lambda: inf.store.index_values("data-v") == {"0", "1"})
+    await client.delete(ObjectKey("ns", "b"))
+    await eventually(lambda: inf.store.index_values("data-v") == {"1"})
+    values = inf.store.index_values("data-v")
+    values.add("mine")  # a copy: the index is not changed through it
+    assert inf.store.index_values("data-v") == {"1"}
+    with pytest.raises(KeyError):
+        inf.store.index_values("no-such-index")
+
+
+async def test_managed_fields_are_not_cached(api: FakeApi) -> None:
+    fields = [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:data": {}}}]
+    listed = cm("listed")
+    listed["metadata"]["managedFields"] = fields
+    api.put(CONFIG_MAP, listed)
+    informers = [
+        Informer(FakeClient(api).resource(CONFIG_MAP), options=options)
+        for options in (InformerOptions(), InformerOptions(keep_managed_fields=True))
+    ]
+    try:
+        for inf in informers:
+            inf.start()
+            await inf.wait_synced()
+        watched = cm("watched")
+        watched["metadata"]["managedFields"] = fields
+        await FakeClient(api).resource(CONFIG_MAP).create(watched)
+        for inf in informers:
+            await eventually(lambda inf=inf: inf.store.get(ObjectKey("ns", "watched")) is not None)
+        stripped, kept = informers
+        for name in ("listed", "watched"):
+            assert "managedFields" not in stripped.store.get(ObjectKey("ns", name))["metadata"]
+            assert kept.store.get(ObjectKey("ns", name))["metadata"]["managedFields"] == fields
+    finally:
+        for inf in informers:
+            await inf.stop()
+
+
 async def test_namespace_and_selector_scoping(api: FakeApi) -> None:
     clock = FakeClock()
     cache = Cache(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import AsyncIterator
 
 import libvirt
 import pytest
@@ -23,18 +22,6 @@ from capl.ports.virt import (
 from capl.virt import LibvirtHost, LibvirtHosts
 
 URI = "test:///default"
-
-
-@pytest.fixture
-async def hosts() -> AsyncIterator[LibvirtHosts]:
-    registry = LibvirtHosts()
-    yield registry
-    await registry.close()
-
-
-@pytest.fixture
-async def host(hosts: LibvirtHosts) -> LibvirtHost:
-    return hosts.get(uri=URI)
 
 
 def _owner(name: str | None = None, *, uid: str | None = None, cluster: str = "c1") -> DomainOwner:

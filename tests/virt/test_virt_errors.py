@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 
 from capl.ports import errors as e
 from capl.ports.virt import ClusterOwner, DomainOwner, DomainSpec, PoolSpec
-from capl.virt import LibvirtHost, LibvirtHosts
-
-URI = "test:///default"
-
-
-@pytest.fixture
-async def host() -> AsyncIterator[LibvirtHost]:
-    registry = LibvirtHosts()
-    yield registry.get(uri=URI)
-    await registry.close()
+from capl.virt import LibvirtHost
 
 
 async def test_not_found_family(host: LibvirtHost) -> None:

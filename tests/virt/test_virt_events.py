@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,42 +21,10 @@ from capl.ports.virt import (
     VirtEvent,
 )
 from capl.virt import LibvirtHost, LibvirtHosts
+from tests.fixtures.virt import EventRecorder
 
 URI = "test:///default"
 DEADLINE = 30.0
-
-
-@pytest.fixture
-async def hosts() -> AsyncIterator[LibvirtHosts]:
-    registry = LibvirtHosts()
-    yield registry
-    await registry.close()
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[VirtEvent] = []
-        self._changed = asyncio.Event()
-
-    def __call__(self, event: VirtEvent) -> None:
-        self.events.append(event)
-        self._changed.set()
-
-    async def wait_for(self, predicate: object, what: str) -> VirtEvent:
-        assert callable(predicate)
-
-        async def scan() -> VirtEvent:
-            while True:
-                for event in self.events:
-                    if predicate(event):
-                        return event
-                self._changed.clear()
-                await self._changed.wait()
-
-        try:
-            return await asyncio.wait_for(scan(), timeout=DEADLINE)
-        except TimeoutError:
-            raise AssertionError(f"no event: {what}; got {self.events}") from None
 
 
 def _spec() -> DomainSpec:
@@ -77,7 +44,7 @@ def _domain_event(uuid_: str, kind: DomainEventKind) -> object:
 
 
 async def test_lifecycle_events_reach_the_subscriber(hosts: LibvirtHosts) -> None:
-    recorder = Recorder()
+    recorder = EventRecorder()
     subscription = hosts.subscribe(recorder)
     host = hosts.get(uri=URI)
     spec = _spec()
@@ -99,7 +66,7 @@ async def test_lifecycle_events_reach_the_subscriber(hosts: LibvirtHosts) -> Non
     seen = len(recorder.events)
     await host.undefine_domain(spec.uuid, owner=spec.owner)
     # a second subscriber still gets events; the closed one gets none
-    other = Recorder()
+    other = EventRecorder()
     hosts.subscribe(other)
     again = _spec()
     await host.define_domain(again)
@@ -113,7 +80,7 @@ async def test_a_failing_listener_does_not_break_delivery(hosts: LibvirtHosts) -
         raise RuntimeError("listener bug")
 
     hosts.subscribe(broken)
-    recorder = Recorder()
+    recorder = EventRecorder()
     hosts.subscribe(recorder)
     host = hosts.get(uri=URI)
     spec = _spec()
@@ -123,7 +90,7 @@ async def test_a_failing_listener_does_not_break_delivery(hosts: LibvirtHosts) -
 
 
 async def test_lost_connection_is_reported_and_reestablished(hosts: LibvirtHosts) -> None:
-    recorder = Recorder()
+    recorder = EventRecorder()
     hosts.subscribe(recorder)
     host = hosts.get(uri=URI)
     assert await host.reachable()

@@ -18,21 +18,9 @@ from capl.ports.errors import (
     NetworkOverlap,
 )
 from capl.ports.virt import ClusterOwner, NetworkMode, NetworkSpec
-from capl.virt import LibvirtHost, LibvirtHosts
+from capl.virt import LibvirtHost
 
 URI = "test:///default"
-
-
-@pytest.fixture
-async def hosts() -> AsyncIterator[LibvirtHosts]:
-    registry = LibvirtHosts()
-    yield registry
-    await registry.close()
-
-
-@pytest.fixture
-async def host(hosts: LibvirtHosts) -> LibvirtHost:
-    return hosts.get(uri=URI)
 
 
 def _owner() -> ClusterOwner:

@@ -12,11 +12,9 @@ import asyncio
 import hashlib
 import re
 import secrets
-import struct
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from aiohttp import web
 
 from capl.ports.errors import (
     AlreadyExists,
@@ -35,22 +33,10 @@ from capl.ports.virt import (
     PoolSpec,
     VolumeFormat,
 )
-from capl.virt import LibvirtHost, LibvirtHosts
+from capl.virt import LibvirtHost
+from tests.fixtures.images import ImageServer, qcow2_image
 
-URI = "test:///default"
 GIB = 1024**3
-
-
-@pytest.fixture
-async def hosts() -> AsyncIterator[LibvirtHosts]:
-    registry = LibvirtHosts()
-    yield registry
-    await registry.close()
-
-
-@pytest.fixture
-async def host(hosts: LibvirtHosts) -> LibvirtHost:
-    return hosts.get(uri=URI)
 
 
 @pytest.fixture
@@ -63,48 +49,6 @@ async def pool(host: LibvirtHost) -> AsyncIterator[tuple[str, ClusterOwner]]:
     assert info.created
     yield name, owner
     await host.delete_pool(name=name, owner=owner)
-
-
-def qcow2_image(virtual_size: int, body: int = 4096) -> bytes:
-    header = b"QFI\xfb" + struct.pack(">I", 3) + b"\0" * 16 + struct.pack(">Q", virtual_size)
-    return header + b"\x01" * body
-
-
-class ImageServer:
-    def __init__(self) -> None:
-        self.files: dict[str, bytes] = {}
-        self.requests: list[str] = []
-        self.gate: asyncio.Event | None = None
-        self.requested = asyncio.Event()
-        self.base = ""
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests.append(request.path)
-        self.requested.set()
-        if self.gate is not None:
-            await self.gate.wait()
-        data = self.files.get(request.path)
-        if data is None:
-            return web.Response(status=404, text="not here")
-        return web.Response(body=data, content_type="application/octet-stream")
-
-    def url(self, path: str) -> str:
-        return self.base + path
-
-
-@pytest.fixture
-async def image_server() -> AsyncIterator[ImageServer]:
-    server = ImageServer()
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", server.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    server.base = f"http://127.0.0.1:{port}"
-    yield server
-    await runner.cleanup()
 
 
 async def test_pool_create_adopt_and_delete(host: LibvirtHost) -> None:
