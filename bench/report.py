@@ -1,0 +1,537 @@
+"""The benchmark report: plots, bench/results/summary.json and the results section of
+docs/benchmarks.md, from the JSON files the benchmarks wrote into bench/results/.
+
+Inputs (each optional unless --require lists it): runtime.json (bench/runtime_toy.py),
+machines_testdriver.json (bench/machines_testdriver.py), scaleout.json, steady.json,
+scaling_curve.json (bench/scaling_curve.py, bench/scaleout.py, bench/steady.py),
+machines_realvm.json (bench/machines_realvm.py).
+
+summary.json is nested: one object per benchmark, so the figure called
+`scaleout.ratio_to_apiserver` is `summary["scaleout"]["ratio_to_apiserver"]` (jq:
+`.scaleout.ratio_to_apiserver`). Every figure is a number, shown with the limit it was
+measured against in the same run and its target:
+
+    scaleout.ratio_to_apiserver       machines/s / a tight loop replaying the same writes (>= 0.7)
+    scaleout.api_writes_per_machine   the manager's API writes per machine, events included
+    scaleout.p99_create_to_ready_s    (and p50) per machine, N created at once
+    steady.cpu_percent_of_core        manager CPU over the steady window (< 2)
+    steady.rss_mb                     manager RSS with N Ready machines (< 250)
+    steady.list_calls_after_start     LIST requests after start-up (0)
+    realvm.ratio_to_virsh             capl / `virsh create` + lease, 3 TCG guests (<= 1.15)
+
+plus `targets_met` (figure -> bool) and the inputs' timestamps.
+
+Plots (PNG, matplotlib's Agg backend, into bench/results/): scaleout.png (throughput against
+the raw rate; the create-to-Ready distribution), steady.png (CPU, RSS, LIST against their
+targets), realvm.png (per round: capl against the baseline), scaling_curve.png (time and
+memory against N, with the fitted lines), runtime.png (toy controller against raw patches).
+
+docs/benchmarks.md: the text between the `bench:results:begin` and `bench:results:end`
+markers is replaced; everything else in the file is kept.
+
+    .venv/bin/python bench/report.py [--require scaleout,steady,realvm,scaling_curve]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # after matplotlib.use: the backend is chosen first
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+BEGIN = re.compile(r"<!-- bench:results:begin.*?-->", re.DOTALL)
+END = "<!-- bench:results:end -->"
+
+TARGETS: dict[str, tuple[str, float]] = {
+    "scaleout.ratio_to_apiserver": (">=", 0.7),
+    "steady.cpu_percent_of_core": ("<", 2.0),
+    "steady.rss_mb": ("<", 250.0),
+    "steady.list_calls_after_start": ("==", 0.0),
+    "realvm.ratio_to_virsh": ("<=", 1.15),
+}
+REQUIRED = (
+    "scaleout.ratio_to_apiserver",
+    "scaleout.api_writes_per_machine",
+    "scaleout.p99_create_to_ready_s",
+    "steady.cpu_percent_of_core",
+    "steady.rss_mb",
+    "steady.list_calls_after_start",
+    "realvm.ratio_to_virsh",
+)
+
+
+def load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def meets(op: str, value: float, target: float) -> bool:
+    return {
+        ">=": value >= target,
+        "<=": value <= target,
+        "<": value < target,
+        "==": value == target,
+    }[op]
+
+
+# --- summary -----------------------------------------------------------------------------
+
+
+def summarize(inputs: Mapping[str, dict[str, Any] | None]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    if (s := inputs.get("scaleout")) is not None:
+        summary["scaleout"] = {
+            "machines": s["machines"],
+            "machines_per_s": s["machines_per_s"],
+            "ratio_to_apiserver": s["ratio_to_apiserver"],
+            "ratio_to_apiserver_concurrent": s["ratio_to_apiserver_concurrent"],
+            "raw_machines_per_s": s["raw_machines_per_s_sequential"],
+            "raw_machines_per_s_concurrent": s["raw_machines_per_s_concurrent"],
+            "raw_writes_per_s": s["raw_writes_per_s_sequential"],
+            "manager_api_writes_per_s": s["manager_api_writes_per_s"],
+            "api_writes_per_machine": s["api_writes_per_machine"],
+            "api_writes_per_machine_libvirtmachines": s["api_writes_per_machine_libvirtmachines"],
+            "p50_create_to_ready_s": s["create_to_ready_p50_s"],
+            "p99_create_to_ready_s": s["create_to_ready_p99_s"],
+            "seconds_to_all_ready": s["seconds_to_all_ready"],
+        }
+    if (st := inputs.get("steady")) is not None:
+        summary["steady"] = {
+            "machines": st["machines"],
+            "seconds": st["seconds"],
+            "cpu_percent_of_core": st["cpu_percent_of_core"],
+            "rss_mb": st["rss_mb"],
+            "list_calls_after_start": st["list_calls_after_start"],
+            "api_requests_in_window": st["api_requests_in_window"],
+            "reconciles_in_window": sum(st["reconciles_in_window"].values()),
+        }
+    if (r := inputs.get("machines_realvm")) is not None:
+        ratio = r.get("ratio_paired_median", r.get("ratio_wall_capl_vs_baseline"))
+        summary["realvm"] = {
+            "vms": r["vms"],
+            "rounds": r["rounds"],
+            "ratio_to_virsh": ratio,
+            "ratio_wall": r.get("ratio_wall_capl_vs_baseline"),
+            "capl_wall_s": r["capl_wall_s"],
+            "virsh_wall_s": r["baseline_wall_s"],
+        }
+    if (c := inputs.get("scaling_curve")) is not None:
+        summary["scaling"] = {
+            "sizes": [p["machines"] for p in c["points"]],
+            "seconds": [p["seconds_to_all_ready"] for p in c["points"]],
+            "rss_mb": [p["manager_rss_after_mb"] for p in c["points"]],
+            "time_fit_r2": c["fits"]["seconds_to_all_ready"]["r2"],
+            "rss_fit_r2": c["fits"]["manager_rss_after_mb"]["r2"],
+            "seconds_per_machine_ratio_largest_to_smallest": c[
+                "seconds_per_machine_ratio_largest_to_smallest"
+            ],
+            "cpu_ms_per_machine_by_process": [
+                p.get("cpu_ms_per_machine_by_process") or {} for p in c["points"]
+            ],
+        }
+    if (t := inputs.get("runtime")) is not None:
+        summary["runtime"] = {
+            "ratio_toy_vs_raw_sequential": t["ratio_toy_vs_raw_sequential"],
+            "toy_reconciles_per_s": t["toy_reconciles_per_s"],
+        }
+    met: dict[str, bool] = {}
+    for key, (op, target) in TARGETS.items():
+        value = lookup(summary, key)
+        if value is not None:
+            met[key] = meets(op, float(value), target)
+    summary["targets"] = {k: f"{op} {target:g}" for k, (op, target) in TARGETS.items()}
+    summary["targets_met"] = met
+    summary["inputs"] = {k: (v or {}).get("when") for k, v in inputs.items() if v is not None}
+    return summary
+
+
+def lookup(summary: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = summary
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+# --- plots ---------------------------------------------------------------------------------
+
+
+def _save(fig: Any, name: str) -> str:
+    path = RESULTS / f"{name}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def plot_scaleout(s: dict[str, Any]) -> str:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    labels = ["capl manager", "raw replay,\none loop", f"raw replay,\n{s['concurrency']} loops"]
+    values = [
+        s["machines_per_s"],
+        s["raw_machines_per_s_sequential"],
+        s["raw_machines_per_s_concurrent"],
+    ]
+    bars = left.bar(labels, values, color=["#3b7dd8", "#999999", "#cccccc"])
+    left.bar_label(bars, fmt="%.1f")
+    left.set_ylabel("machines per second (same API writes)")
+    left.set_title(
+        f"{s['machines']} machines, {s['api_writes_per_machine']:.2f} API writes each\n"
+        f"ratio {s['ratio_to_apiserver']:.2f} to one loop (target >= 0.7), "
+        f"{s['ratio_to_apiserver_concurrent']:.2f} to {s['concurrency']} loops",
+        fontsize=10,
+    )
+    latencies = s.get("create_to_ready_s") or []
+    if latencies:
+        ys = [(i + 1) / len(latencies) for i in range(len(latencies))]
+        right.plot(latencies, ys, color="#3b7dd8")
+        for q, label in ((s["create_to_ready_p50_s"], "p50"), (s["create_to_ready_p99_s"], "p99")):
+            right.axvline(q, color="#999999", linestyle="--", linewidth=1)
+            right.text(q, 0.05, f" {label} {q:.1f} s", fontsize=8)
+    right.set_xlabel("create to Ready (s)")
+    right.set_ylabel("fraction of machines")
+    right.set_title("create-to-Ready, all created at once", fontsize=10)
+    return _save(fig, "scaleout")
+
+
+def plot_steady(st: dict[str, Any]) -> str:
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.6))
+    panels = [
+        ("CPU, % of one core", st["cpu_percent_of_core"], 2.0),
+        ("RSS, MB", st["rss_mb"], 250.0),
+        ("LIST requests after start-up", st["list_calls_after_start"], 0.0),
+    ]
+    for ax, (title, value, target) in zip(axes, panels, strict=True):
+        bar = ax.bar(["capl manager"], [value], color="#3b7dd8")
+        ax.bar_label(bar, fmt="%.2f" if isinstance(value, float) else "%d")
+        ax.axhline(target, color="#d83b3b", linestyle="--", linewidth=1, label=f"target {target:g}")
+        ax.set_title(title, fontsize=10)
+        ax.set_ylim(0, max(value, target, 1) * 1.3)
+        ax.legend(fontsize=8, loc="upper right")
+    fig.suptitle(
+        f"steady state: {st['machines']} Ready machines, {st['seconds']:.0f} s", fontsize=10
+    )
+    return _save(fig, "steady")
+
+
+def plot_realvm(r: dict[str, Any]) -> str:
+    rounds = r["per_round"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = list(range(1, len(rounds) + 1))
+    width = 0.38
+    ax.bar([x - width / 2 for x in xs], [x["baseline"]["wall_s"] for x in rounds], width,
+           label="virsh create + DHCP lease", color="#999999")  # fmt: skip
+    ax.bar([x + width / 2 for x in xs], [x["capl"]["wall_s"] for x in rounds], width,
+           label="capl: Secret + Machine + LibvirtMachine to Ready", color="#3b7dd8")  # fmt: skip
+    ax.set_xticks(xs, [f"round {x}" for x in xs])
+    ax.set_ylabel(f"seconds until all {r['vms']} TCG guests are up")
+    ratio = r.get("ratio_paired_median", r.get("ratio_wall_capl_vs_baseline"))
+    ax.set_title(f"real VMs: ratio capl / virsh {ratio} (target <= 1.15)", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, "realvm")
+
+
+def plot_scaling(c: dict[str, Any]) -> str:
+    points = c["points"]
+    xs = [p["machines"] for p in points]
+    by_process = [p.get("cpu_ms_per_machine_by_process") or {} for p in points]
+    fig, axes = plt.subplots(
+        1, 3 if any(by_process) else 2, figsize=(15 if any(by_process) else 11, 4.2)
+    )
+    left, right = axes[0], axes[1]
+    for ax, key, label in (
+        (left, "seconds_to_all_ready", "seconds, first create to last Ready"),
+        (right, "manager_rss_after_mb", "manager RSS with N Ready machines, MB"),
+    ):
+        ys = [p[key] for p in points]
+        fit = c["fits"][key]
+        ax.plot(xs, ys, "o", color="#3b7dd8", label="measured")
+        line_x = [0, max(xs)]
+        ax.plot(
+            line_x,
+            [fit["intercept"] + fit["slope"] * x for x in line_x],
+            "--",
+            color="#999999",
+            label=f"least squares (R² {fit['r2']})",
+        )
+        for x, y, p in zip(xs, ys, points, strict=True):
+            note = (
+                f"{1000 * p['seconds_per_machine']:.0f} ms/machine"
+                if key == "seconds_to_all_ready"
+                else f"+{p['rss_growth_kb_per_machine']:.0f} KB/machine"
+            )
+            ax.annotate(note, (x, y), textcoords="offset points", xytext=(-30, 8), fontsize=7)
+        ax.set_xlabel("machines")
+        ax.set_ylabel(label)
+        ax.set_xlim(0, max(xs) * 1.05)
+        ax.set_ylim(0, max(ys) * 1.15)
+    right.axhline(
+        points[0]["manager_rss_idle_mb"], color="#cccccc", linewidth=1, label="idle manager"
+    )
+    left.legend(fontsize=8)
+    right.legend(fontsize=8)
+    left.set_title("time grows linearly when the points sit on the line", fontsize=10)
+    right.set_title("memory: idle process + per-machine state", fontsize=10)
+    if any(by_process):
+        ax = axes[2]
+        names = sorted({k for d in by_process for k in d})
+        labels = [str(x) for x in xs]
+        bottom = [0.0] * len(xs)
+        for name in names:
+            values = [d.get(name, 0.0) for d in by_process]
+            ax.bar(labels, values, bottom=bottom, label=name)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        ax.plot(
+            labels,
+            [1000 * p["seconds_per_machine"] for p in points],
+            "o-",
+            color="black",
+            label="wall time per machine",
+        )
+        ax.set_xlabel("machines")
+        ax.set_ylabel("ms per machine")
+        ax.set_ylim(0, max(max(bottom), 1000 * max(p["seconds_per_machine"] for p in points)) * 1.6)
+        ax.set_title("CPU per machine, by process, against wall time", fontsize=10)
+        ax.legend(fontsize=7, loc="upper left", ncol=2)
+    return _save(fig, "scaling_curve")
+
+
+def plot_runtime(t: dict[str, Any]) -> str:
+    rounds = t["per_round"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = list(range(1, len(rounds) + 1))
+    width = 0.38
+    ax.bar([x - width / 2 for x in xs], [r["raw_sequential"] for r in rounds], width,
+           label="raw status patches, one loop", color="#999999")  # fmt: skip
+    ax.bar([x + width / 2 for x in xs], [r["rate"] for r in rounds], width,
+           label="toy controller on capl's runtime", color="#3b7dd8")  # fmt: skip
+    ax.set_xticks(xs, [f"round {x}" for x in xs])
+    ax.set_ylabel("objects per second")
+    ax.set_title(f"runtime: ratio {t['ratio_toy_vs_raw_sequential']} (target >= 0.8)", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, "runtime")
+
+
+# --- docs ----------------------------------------------------------------------------------
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
+
+
+def results_section(
+    summary: Mapping[str, Any], inputs: Mapping[str, dict[str, Any] | None], plots: list[str]
+) -> str:
+    met = summary["targets_met"]
+
+    def row(figure: str, value: Any, limit: str, target: str) -> str:
+        status = {True: "met", False: "**missed**"}.get(met.get(figure), "—")
+        return f"| `{figure}` | {_fmt(value)} | {limit} | {target} | {status} |"
+
+    s, st, r = summary.get("scaleout", {}), summary.get("steady", {}), summary.get("realvm", {})
+    scale = inputs.get("scaleout") or {}
+    machine = next(
+        (
+            data["machine"]
+            for name in ("scaleout", "steady", "scaling_curve", "machines_realvm")
+            if (data := inputs.get(name)) and "machine" in data
+        ),
+        {},
+    )
+    lines = [
+        f"Latest run: {max((w for w in summary['inputs'].values() if w), default='—')} on "
+        f"{machine.get('cpus', '?')} CPUs (Python {machine.get('python', '?')}, libvirt "
+        f"{machine.get('libvirt', '?')}). Figures from a shared, busy machine are noisy; the "
+        "ratios are what carries over.",
+        "",
+        "| figure | capl | limit measured in the same run | target | |",
+        "|---|---|---|---|---|",
+        row(
+            "scaleout.ratio_to_apiserver",
+            s.get("ratio_to_apiserver"),
+            f"a tight loop replaying the manager's writes: {_fmt(s.get('raw_machines_per_s'))} "
+            f"machines/s ({_fmt(s.get('raw_writes_per_s'))} writes/s); capl "
+            f"{_fmt(s.get('machines_per_s'))} machines/s; against "
+            f"{scale.get('concurrency', '?')} loops "
+            f"({_fmt(s.get('raw_machines_per_s_concurrent'))}/s): "
+            f"{_fmt(s.get('ratio_to_apiserver_concurrent'))}",
+            ">= 0.7",
+        ),
+        row(
+            "scaleout.api_writes_per_machine",
+            s.get("api_writes_per_machine"),
+            f"{_fmt(s.get('api_writes_per_machine_libvirtmachines'))} to the LibvirtMachine "
+            "(spec + status), the rest Events",
+            "—",
+        ),
+        row(
+            "scaleout.p99_create_to_ready_s",
+            s.get("p99_create_to_ready_s"),
+            f"p50 {_fmt(s.get('p50_create_to_ready_s'))} s; all {_fmt(s.get('machines'))} "
+            f"created at once, all Ready after {_fmt(s.get('seconds_to_all_ready'))} s",
+            "—",
+        ),
+        row(
+            "steady.cpu_percent_of_core",
+            st.get("cpu_percent_of_core"),
+            f"{_fmt(st.get('machines'))} Ready machines, {_fmt(st.get('seconds'))} s window",
+            "< 2",
+        ),
+        row("steady.rss_mb", st.get("rss_mb"), "VmRSS at the end of the window", "< 250"),
+        row(
+            "steady.list_calls_after_start",
+            st.get("list_calls_after_start"),
+            f"in the window: {_fmt(st.get('api_requests_in_window'))} API requests, "
+            f"{_fmt(st.get('reconciles_in_window'))} reconcile(s) (the LibvirtCluster health "
+            "check)",
+            "0",
+        ),
+        row(
+            "realvm.ratio_to_virsh",
+            r.get("ratio_to_virsh"),
+            f"capl {_fmt(r.get('capl_wall_s'))} s vs `virsh create` + lease "
+            f"{_fmt(r.get('virsh_wall_s'))} s for {_fmt(r.get('vms'))} TCG guests "
+            f"(median of {_fmt(r.get('rounds'))} paired rounds)",
+            "<= 1.15",
+        ),
+    ]
+    if "scaling" in summary:
+        sc = summary["scaling"]
+        lines += [
+            "",
+            f"Scaling curve: {', '.join(str(n) for n in sc['sizes'])} machines took "
+            f"{', '.join(_fmt(x) for x in sc['seconds'])} s (R² of the straight line "
+            f"{sc['time_fit_r2']:.4f}; seconds per machine at the largest size / at the "
+            f"smallest: {_fmt(sc['seconds_per_machine_ratio_largest_to_smallest'])}); manager "
+            f"RSS {', '.join(_fmt(x) for x in sc['rss_mb'])} MB (R² {sc['rss_fit_r2']:.4f}).",
+        ]
+        cpu = sc.get("cpu_ms_per_machine_by_process") or []
+        if cpu and cpu[0] and cpu[-1]:
+            parts = [
+                f"{name} {_fmt(cpu[0].get(name))} → {_fmt(cpu[-1].get(name))}"
+                for name in sorted(cpu[-1], key=lambda k: -cpu[-1][k])
+            ]
+            lines += [
+                "",
+                f"CPU milliseconds per machine, {sc['sizes'][0]} → {sc['sizes'][-1]} machines: "
+                + "; ".join(parts)
+                + ". A process whose cost per machine grows with N makes the total grow "
+                "faster than linearly.",
+            ]
+    if "runtime" in summary:
+        rt = summary["runtime"]
+        lines += [
+            "",
+            f"Runtime (toy controller): {_fmt(rt['toy_reconciles_per_s'])} reconciles/s, "
+            f"ratio to raw patches {_fmt(rt['ratio_toy_vs_raw_sequential'])} (target >= 0.8).",
+        ]
+    measured = ", ".join(f"{k} {v}" for k, v in summary["inputs"].items())
+    lines += [
+        "",
+        f"Measured at: {measured}. The numbers in full: `bench/results/*.json`; "
+        "`summary.json` holds the table.",
+    ]
+    for name in plots:
+        caption = CAPTIONS.get(name.removesuffix(".png"), "")
+        lines += ["", f"![{name.removesuffix('.png')}](../bench/results/{name})"]
+        if caption:
+            lines += ["", f"*{caption}*"]
+    return "\n".join(lines)
+
+
+CAPTIONS = {
+    "scaleout": "Left: machines per second through the capl manager, against a tight loop "
+    "sending the same API writes to the same API server. Right: create-to-Ready per machine.",
+    "steady": "The manager with N Ready machines and nothing to do: CPU, memory and LIST "
+    "requests against their targets.",
+    "realvm": "Real TCG guests: capl (Secrets, Machines, LibvirtMachines to Ready) against a "
+    "script that boots the same image with `virsh create` until the DHCP lease, per round.",
+    "scaling_curve": "Time to Ready and manager memory against the number of machines, with "
+    "the least-squares line: linear growth keeps the points on it.",
+    "runtime": "capl's controller runtime with a toy reconciler against raw status patches.",
+}
+
+
+def update_docs(section: str) -> bool:
+    if not DOCS.exists():
+        return False
+    text = DOCS.read_text()
+    begin = BEGIN.search(text)
+    end = text.find(END)
+    if begin is None or end < begin.end():
+        print(f"report: {DOCS} has no results markers; not updated", file=sys.stderr)
+        return False
+    DOCS.write_text(text[: begin.end()] + "\n\n" + section + "\n\n" + text[end:])
+    return True
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--require",
+        default="",
+        help="comma-separated summary groups that must be present (e.g. scaleout,steady,realvm)",
+    )
+    parser.add_argument("--no-docs", action="store_true", help="leave docs/benchmarks.md alone")
+    args = parser.parse_args(argv)
+    names = ("runtime", "machines_testdriver", "scaleout", "steady", "machines_realvm")
+    inputs = {name: load(name) for name in (*names, "scaling_curve")}
+    summary = summarize(inputs)
+    required = {g.strip() for g in args.require.split(",") if g.strip()}
+    missing = [
+        key for key in REQUIRED if key.split(".")[0] in required and lookup(summary, key) is None
+    ]
+    missing += [g for g in required if g not in summary]
+    plots: list[str] = []
+    for name, plot in (
+        ("scaleout", plot_scaleout),
+        ("steady", plot_steady),
+        ("machines_realvm", plot_realvm),
+        ("scaling_curve", plot_scaling),
+        ("runtime", plot_runtime),
+    ):
+        data = inputs.get(name)
+        if data is not None:
+            plots.append(plot(data))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {RESULTS / 'summary.json'} and {', '.join(plots) or 'no plots'}")
+    if not args.no_docs and update_docs(results_section(summary, inputs, plots)):
+        print(f"updated the results section of {DOCS}")
+    for key in REQUIRED:
+        value = lookup(summary, key)
+        target = TARGETS.get(key)
+        verdict = ""
+        if target is not None and value is not None:
+            verdict = " (met)" if meets(target[0], float(value), target[1]) else " (MISSED)"
+        print(
+            f"  {key}: {_fmt(value)}"
+            + (f"  target {target[0]} {target[1]:g}" if target else "")
+            + verdict
+        )
+    if missing:
+        print(f"report: missing figures: {', '.join(sorted(missing))}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The body of `make bench` (not part of `make test`): brings up the test bed like
+# hack/test.sh (control-plane binaries, libvirtd, guest image, Cluster API CRDs), runs every
+# benchmark in bench/, then bench/report.py: bench/results/*.json, PNG plots,
+# bench/results/summary.json and the results section of docs/benchmarks.md.
+#
+# Every benchmark measures its limit in the same run (docs/benchmarks.md). A failing benchmark
+# does not stop the others; the report then names the missing figures and this script exits
+# non-zero. Knobs (environment): CAPL_BENCH_SIZES (default 100,300,1000),
+# CAPL_BENCH_STEADY (seconds, default 60), CAPL_BENCH_REALVM_ROUNDS (default 2).
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=hack/lib.sh
+. "$HERE/lib.sh"
+cd "$HERE/.."
+
+started=$SECONDS
+timed() {
+	local name="$1"; shift
+	local t0=$SECONDS
+	"$@"
+	note "$name: $((SECONDS - t0)) s"
+}
+
+KUBEBUILDER_ASSETS="$(timed envtest hack/envtest.sh | tail -n1)"
+export KUBEBUILDER_ASSETS
+timed libvirt-host hack/libvirt-host.sh
+CAPL_GUEST_IMAGE="$(timed guest-image hack/guest-image.sh | tail -n1)"
+export CAPL_GUEST_IMAGE
+CAPL_CAPI_DIR="$(timed capi hack/capi.sh | tail -n1)"
+export CAPL_CAPI_DIR
+
+PY=.venv/bin/python
+if ! "$PY" -c 'import matplotlib' 2>/dev/null; then
+	note "installing the bench extra (matplotlib) into .venv"
+	.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[bench]' ||
+		die "pip install of the bench extra failed"
+fi
+
+# results of this run only: a figure missing from it must not be taken from an older run
+mkdir -p bench/results
+rm -f bench/results/*.json bench/results/*.png
+
+failed=()
+bench() {
+	local name="$1"; shift
+	local t0=$SECONDS
+	note "benchmark $name"
+	if "$PY" "$@"; then
+		note "$name: $((SECONDS - t0)) s"
+	else
+		failed+=("$name")
+		note "$name FAILED after $((SECONDS - t0)) s"
+	fi
+}
+
+bench runtime_toy bench/runtime_toy.py --objects 1000 --rounds 3
+bench machines_testdriver bench/machines_testdriver.py --machines 500
+# scale-out (largest size), steady state on its Ready machines, and the scaling curve
+bench scaling_curve bench/scaling_curve.py --sizes "${CAPL_BENCH_SIZES:-100,300,1000}" \
+	--steady "${CAPL_BENCH_STEADY:-60}"
+bench machines_realvm bench/machines_realvm.py --vms 3 --rounds "${CAPL_BENCH_REALVM_ROUNDS:-2}"
+
+report=0
+"$PY" bench/report.py --require scaleout,steady,realvm,scaling || report=$?
+note "make bench: $((SECONDS - started)) s"
+if [ "${#failed[@]}" -gt 0 ] || [ "$report" -ne 0 ]; then
+	die "failed: ${failed[*]:-}${failed[*]:+; }report exit status $report"
+fi
