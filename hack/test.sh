@@ -30,7 +30,8 @@ export CAPL_REQUIRE_ALL=1
 note "set-up: $((SECONDS - stage_start)) s"
 
 PYTEST=(.venv/bin/pytest -p no:cacheprovider)
-for stage in unit virt kube controllers chaos libvirtd security e2e; do
+# CAPL_TEST_STAGES narrows the run to some stages (e.g. "controllers chaos") when iterating.
+for stage in ${CAPL_TEST_STAGES:-unit virt kube controllers chaos libvirtd security e2e}; do
 	# a stage with no test files yet is skipped (pytest would exit 5, "no tests collected")
 	compgen -G "tests/$stage/test_*.py" >/dev/null || continue
 	timed "tests/$stage" "${PYTEST[@]}" "tests/$stage" ${PYTEST_ARGS:-}

@@ -1,9 +1,14 @@
 """Root of the test suite: registers the test-bed fixtures (control plane, libvirt hosts,
-Cluster API)."""
+Cluster API, the Cluster API CRDs for controller tests, the `capl manager` process, an HTTP
+server for base images, capl's libvirt adapter)."""
 
 pytest_plugins = [
     "tests.fixtures.common",
     "tests.fixtures.controlplane",
     "tests.fixtures.libvirt",
     "tests.fixtures.capi",
+    "tests.fixtures.objects",
+    "tests.fixtures.capl",
+    "tests.fixtures.images",
+    "tests.fixtures.virt",
 ]

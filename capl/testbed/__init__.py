@@ -10,7 +10,12 @@ Public face:
   compaction, install CRDs, mint kubeconfigs for extra users, read the audit log.
 - `find_assets` / `Assets`: locate the binaries (KUBEBUILDER_ASSETS layout).
 - `capl.testbed.certs`: the small certificate authority and kubeconfig writer behind it.
-- `capl.testbed.process`: child processes that never outlive the parent.
+- `capl.testbed.process`: child processes that never outlive the parent, and the waits
+  (readiness with a deadline, a retry when a port was lost) every test-bed process shares.
+- `capl.testbed.localmanager`: a controller manager as a local process serving webhooks,
+  health and metrics on loopback (the base of `capl.testbed.capi.CapiCore` and of the
+  tests' `capl manager` process).
+- `capl.testbed.capi`: the real Cluster API core manager and clusterctl.
 """
 
 from capl.testbed.controlplane import (

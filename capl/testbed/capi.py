@@ -62,10 +62,7 @@ client library and no other capl layer.
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
-import functools
 import json
 import logging
 import os
@@ -73,18 +70,17 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-import aiohttp
 import yaml
 
-from capl.testbed import certs
-from capl.testbed.controlplane import ControlPlane, ControlPlaneError, free_port
-from capl.testbed.process import ManagedProcess, ProcessFailed, die_with_parent
+from capl.testbed.controlplane import ControlPlane, ControlPlaneError
+from capl.testbed.localmanager import LocalManager
+from capl.testbed.process import run_captured
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +110,6 @@ _RESOURCE_OF_KIND: Final = {
 }
 _CA_INJECTION = "cert-manager.io/inject-ca-from"
 _CLUSTERCTL_LABEL = "clusterctl.cluster.x-k8s.io"
-_POLL_INTERVAL = 0.2
-_ADDRESS_IN_USE = re.compile(r"address already in use", re.IGNORECASE)
 _CONFLICT = re.compile(r"the object has been modified|AlreadyExists|already exists", re.I)
 _VERSION_DIR = re.compile(r"^v\d+\.\d+\.\d+$")
 _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -207,38 +201,9 @@ def parse_manifests(text: str) -> list[dict[str, Any]]:
     return [d for d in yaml.load_all(text, Loader=_YAML_LOADER) if isinstance(d, dict)]
 
 
-async def _run(
-    argv: Sequence[str],
-    *,
-    env: Mapping[str, str],
-    stdin: bytes | None = None,
-    cwd: Path | None = None,
-    within: float,
-) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=dict(env),
-        cwd=cwd,
-        preexec_fn=functools.partial(die_with_parent, os.getpid()),
-    )
-    try:
-        async with asyncio.timeout(within):
-            out, err = await proc.communicate(stdin)
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        raise
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
-
-
 async def render_kustomization(*, kubectl: Path, directory: Path) -> str:
     """`kubectl kustomize <directory>` (YAML text)."""
-    rc, out, err = await _run(
+    rc, out, err = await run_captured(
         [str(kubectl), "kustomize", str(directory)], env=_base_env(), within=120
     )
     if rc != 0:
@@ -485,26 +450,6 @@ async def install_cert_manager_crds(plane: ControlPlane, *, within: float = 60.0
 # ------------------------------------------------------------------------------ core manager
 
 
-class WebhookServing:
-    """A CA and a serving certificate for 127.0.0.1, written as tls.crt/tls.key (+ ca.crt)."""
-
-    def __init__(self, *, cert_dir: Path, common_name: str = "capl-testbed-webhook-ca") -> None:
-        self.cert_dir = cert_dir
-        self._ca = certs.CertificateAuthority(common_name=common_name)
-        pair = self._ca.issue_serving(hosts=("127.0.0.1", "localhost"))
-        pair.write(cert_path=cert_dir / "tls.crt", key_path=cert_dir / "tls.key")
-        certs.write_file(cert_dir / "ca.crt", self._ca.cert_pem, mode=0o644)
-
-    @property
-    def ca_pem(self) -> bytes:
-        return self._ca.cert_pem
-
-    @property
-    def ca_bundle(self) -> str:
-        """The CA certificate, base64-encoded, as clientConfig.caBundle wants it."""
-        return base64.b64encode(self._ca.cert_pem).decode()
-
-
 # Objects for server-side dry-run creates that go through the core webhooks: a v1beta2
 # Cluster (mutating and validating admission) and a v1beta1 MachineDrainRule (stored as
 # v1beta2, so kube-apiserver calls the conversion webhook; a v1beta1 Cluster would not do,
@@ -541,8 +486,10 @@ _PROBES: Final = (
 _WEBHOOK_UNREACHABLE = re.compile(r"failed calling webhook|conversion webhook for", re.I)
 
 
-class CapiCore:
+class CapiCore(LocalManager):
     """The Cluster API core manager as a local process against one `ControlPlane`."""
+
+    error = CapiError
 
     def __init__(
         self,
@@ -564,65 +511,24 @@ class CapiCore:
         feature_gates: merged over DEFAULT_FEATURE_GATES.
         ready_timeout: deadline in seconds for the manager to become ready.
         """
-        self.plane = plane
+        super().__init__(
+            plane=plane,
+            name="cluster-api-manager",
+            workdir=workdir,
+            ca_name="capl-testbed-webhook-ca",
+            ready_timeout=ready_timeout,
+            stop_grace=stop_grace,
+        )
         self.capi = capi if capi is not None else find_capi()
-        self._given_workdir = workdir
         self.feature_gates = {**DEFAULT_FEATURE_GATES, **(feature_gates or {})}
         self.extra_args = list(extra_args)
         self.verbosity = verbosity
-        self.ready_timeout = ready_timeout
-        self.stop_grace = stop_grace
-        self.webhook_port = 0
-        self.health_port = 0
-        self.metrics_port = 0
-        self._serving: WebhookServing | None = None
         self._manifests: list[dict[str, Any]] | None = None
-        self._process: ManagedProcess | None = None
         self.timings: dict[str, float] = {}
-
-    # ---------------------------------------------------------------- paths and addresses
 
     @property
     def workdir(self) -> Path:
-        return (
-            self._given_workdir
-            if self._given_workdir is not None
-            else self.plane.workdir / "capi-core"
-        )
-
-    @property
-    def cert_dir(self) -> Path:
-        return self.workdir / "webhook-certs"
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "logs" / "cluster-api-manager.log"
-
-    @property
-    def webhook_url(self) -> str:
-        return f"https://127.0.0.1:{self.webhook_port}"
-
-    @property
-    def health_url(self) -> str:
-        return f"http://127.0.0.1:{self.health_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
-
-    @property
-    def ca_pem(self) -> bytes:
-        if self._serving is None:
-            raise CapiError("the Cluster API core is not prepared (call start())")
-        return self._serving.ca_pem
-
-    @property
-    def process(self) -> ManagedProcess | None:
-        return self._process
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.running
+        return self._workdir if self._workdir is not None else self.plane.workdir / "capi-core"
 
     def argv(self) -> list[str]:
         gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))
@@ -640,21 +546,10 @@ class CapiCore:
             *self.extra_args,
         ]
 
+    def child_env(self) -> Mapping[str, str]:
+        return _base_env()
+
     # ---------------------------------------------------------------- lifecycle
-
-    def prepare(self) -> None:
-        """Serving certificates and ports (idempotent; `start` calls it)."""
-        if self._serving is not None:
-            return
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self._serving = WebhookServing(cert_dir=self.cert_dir)
-        self._pick_ports()
-
-    def _pick_ports(self) -> None:
-        ports: set[int] = set()
-        while len(ports) < 3:
-            ports.add(free_port())
-        self.webhook_port, self.health_port, self.metrics_port = sorted(ports)
 
     async def manifests(self) -> list[dict[str, Any]]:
         """The core provider's CRDs and webhook configurations (`kustomize config/default`)."""
@@ -676,25 +571,18 @@ class CapiCore:
             manifests=await self.manifests(),
         )
 
+    async def _ports_changed(self) -> None:
+        await self.install()
+
     async def start(self) -> None:
         """Install (or re-point) CRDs and webhooks, start the manager, wait until ready."""
         t0 = time.monotonic()
         self.prepare()
         await self.manifests()
         t1 = time.monotonic()
-        for attempt in range(1, 4):
-            await self.install()
-            t2 = time.monotonic()
-            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-            try:
-                await self.start_manager()
-                break
-            except ProcessFailed:
-                output = self._log_since(offset)
-                if attempt == 3 or not _ADDRESS_IN_USE.search(output):
-                    raise
-                log.warning("cluster-api-manager lost a port to another process; new ports")
-                self._pick_ports()
+        await self.install()
+        t2 = time.monotonic()
+        await self.launch()
         t3 = time.monotonic()
         self.timings = {"render": t1 - t0, "install": t2 - t1, "manager": t3 - t2}
         log.info(
@@ -702,41 +590,9 @@ class CapiCore:
             self.capi.version, t3 - t0, *self.timings.values(),
         )  # fmt: skip
 
-    def _log_since(self, offset: int) -> str:
-        try:
-            with self.log_path.open("rb") as f:
-                f.seek(offset)
-                return f.read().decode(errors="replace")
-        except FileNotFoundError:
-            return ""
-
     async def start_manager(self) -> None:
         """Start the manager process (again: same ports and certificates) and wait for it."""
-        self.prepare()
-        if self.running:
-            raise CapiError("cluster-api-manager is already running")
-        self._process = ManagedProcess(
-            name="cluster-api-manager",
-            argv=self.argv(),
-            log_path=self.log_path,
-            env=_base_env(),
-            cwd=self.workdir,
-        )
-        self._process.start()
-        try:
-            await self.wait_ready()
-        except BaseException:
-            await asyncio.shield(self._process.stop(grace=2.0))
-            raise
-
-    async def stop(self) -> None:
-        """Stop the manager (SIGTERM, SIGKILL after the grace period). Installed objects stay."""
-        if self._process is not None:
-            await self._process.stop(grace=self.stop_grace)
-
-    async def restart(self) -> None:
-        await self.stop()
-        await self.start_manager()
+        await self.launch()
 
     async def __aenter__(self) -> CapiCore:
         await self.start()
@@ -747,21 +603,9 @@ class CapiCore:
 
     # ---------------------------------------------------------------- readiness
 
-    async def wait_ready(self, *, within: float | None = None) -> None:
-        """Wait until /readyz passes and kube-apiserver reaches the webhooks (dry-run creates
-        of a v1beta2 Cluster for admission and a v1beta1 Cluster for conversion)."""
-        await _wait_until(
-            self._process, self._ready, what="cluster-api-manager",
-            within=self.ready_timeout if within is None else within,
-        )  # fmt: skip
-
-    async def _ready(self) -> tuple[bool, str]:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
-            session.get(f"{self.health_url}/readyz") as resp,
-        ):
-            if resp.status != 200:
-                return False, f"/readyz: HTTP {resp.status} {(await resp.text()).strip()[:300]}"
+    async def _ready_beyond_health(self) -> tuple[bool, str]:
+        """kube-apiserver reaches the webhooks: dry-run creates of a v1beta2 Cluster for
+        admission and a v1beta1 MachineDrainRule for conversion."""
         for what, probe in _PROBES:
             try:
                 await self.plane.kubectl(
@@ -773,47 +617,6 @@ class CapiCore:
                     raise CapiError(f"the {what} probe was rejected: {e}") from e
                 return False, f"{what} not reachable yet: {e}"
         return True, "ok"
-
-    async def metrics(self) -> str:
-        """The manager's Prometheus exposition."""
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
-            session.get(self.metrics_url) as resp,
-        ):
-            resp.raise_for_status()
-            return await resp.text()
-
-
-async def _wait_until(
-    proc: ManagedProcess | None,
-    check: Callable[[], Awaitable[tuple[bool, str]]],
-    *,
-    what: str,
-    within: float,
-) -> None:
-    if proc is None:
-        raise CapiError(f"{what} was not started")
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    last = "no answer yet"
-    while True:
-        if not proc.running:
-            raise ProcessFailed(
-                f"{what} exited with status {proc.returncode} before it became ready "
-                f"(log: {proc.log_path})\n--- last lines of its log ---\n{proc.log_tail()}"
-            )
-        try:
-            ok, last = await check()
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
-            ok, last = False, f"{type(e).__name__}: {e}"
-        if ok:
-            return
-        if loop.time() >= deadline:
-            raise CapiError(
-                f"{what} did not become ready within {within:g} s; last check: {last} "
-                f"(log: {proc.log_path})\n--- last lines of its log ---\n{proc.log_tail()}"
-            )
-        await asyncio.sleep(_POLL_INTERVAL)
 
 
 # ------------------------------------------------------------------------------ clusterctl
@@ -1013,7 +816,9 @@ class Clusterctl:
         if self.verbosity:
             argv.append(f"--v={self.verbosity}")
         t0 = time.monotonic()
-        rc, out, err = await _run(argv, env=self.env(variables), cwd=self.workdir, within=within)
+        rc, out, err = await run_captured(
+            argv, env=self.env(variables), cwd=self.workdir, within=within
+        )
         seconds = time.monotonic() - t0
         with self.log_path.open("a") as f:
             f.write(f"==> clusterctl {' '.join(args)} (status {rc}, {seconds:.1f} s)\n{err}")

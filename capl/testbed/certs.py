@@ -7,6 +7,10 @@ O entries are the groups; `system:masters` makes an administrator). Keys are ECD
 generating one takes microseconds, which keeps the control plane's start-up short, and both
 Go's TLS stack and OpenSSL accept them everywhere we need them.
 
+The same CA serves the test bed's other TLS endpoints (private libvirt daemons): with
+`key_encipherment=True` its leaf certificates also carry keyEncipherment, which libvirt's
+GnuTLS checks demand when keyUsage is critical.
+
 The service-account token keys are a separate key pair (kube-apiserver signs tokens with the
 private key and verifies them with the public one); they are not part of the CA.
 
@@ -74,6 +78,21 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
+def _key_usage(*, ca: bool, key_encipherment: bool = False) -> x509.KeyUsage:
+    """digitalSignature always; keyCertSign and cRLSign for the CA itself."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=key_encipherment,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 def write_file(path: Path, data: bytes, *, mode: int) -> None:
     """Write `data` to `path` with permissions `mode` (also when the file exists)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +105,11 @@ def write_file(path: Path, data: bytes, *, mode: int) -> None:
 class CertificateAuthority:
     """A self-signed CA that issues serving and client certificates."""
 
-    def __init__(self, *, common_name: str = "capl-testbed-ca") -> None:
+    def __init__(
+        self, *, common_name: str = "capl-testbed-ca", key_encipherment: bool = False
+    ) -> None:
+        """key_encipherment: leaf certificates also allow keyEncipherment (libvirt's TLS)."""
+        self._key_encipherment = key_encipherment
         self._key = _new_key()
         now = datetime.datetime.now(datetime.UTC)
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
@@ -100,20 +123,7 @@ class CertificateAuthority:
             .not_valid_before(now - _BACKDATE)
             .not_valid_after(now + _VALIDITY)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage(ca=True), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
             .sign(self._key, hashes.SHA256())
         )
@@ -168,18 +178,7 @@ class CertificateAuthority:
             .not_valid_after(now + _VALIDITY)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
+                _key_usage(ca=False, key_encipherment=self._key_encipherment), critical=True
             )
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .add_extension(

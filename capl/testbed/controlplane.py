@@ -40,7 +40,6 @@ import asyncio
 import atexit
 import base64
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -52,7 +51,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -61,7 +60,13 @@ import aiohttp
 import yaml
 
 from capl.testbed import certs
-from capl.testbed.process import ManagedProcess, ProcessFailed, die_with_parent
+from capl.testbed.process import (
+    ManagedProcess,
+    ReadyCheck,
+    retry_lost_port,
+    run_captured,
+    wait_until_ready,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +78,6 @@ ADMIN_USER: Final = "capl-testbed-admin"
 _POLL_INTERVAL = 0.1
 _WORKDIR_PREFIX = "capl-controlplane-"
 _OWNER_FILE = "owner"
-_ADDRESS_IN_USE = re.compile(r"address already in use", re.IGNORECASE)
 _DEFAULT_AUDIT_POLICY: Mapping[str, Any] = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
@@ -437,18 +441,15 @@ class ControlPlane:
         try:
             self.prepare()
             t1 = time.monotonic()
-            await self._first_start(
-                what="etcd",
-                start=self.start_etcd,
-                repick=self._pick_etcd_ports,
-                log_path=lambda: self.etcd_log,
+            await retry_lost_port(
+                self.start_etcd, log_path=self.etcd_log, repick=self._pick_etcd_ports, what="etcd"
             )
             t2 = time.monotonic()
-            await self._first_start(
-                what="kube-apiserver",
-                start=self.start_apiserver,
+            await retry_lost_port(
+                self.start_apiserver,
+                log_path=self.apiserver_log,
                 repick=self._pick_apiserver_port,
-                log_path=lambda: self.apiserver_log,
+                what="kube-apiserver",
             )
             t3 = time.monotonic()
         except BaseException:
@@ -463,30 +464,6 @@ class ControlPlane:
             self.startup_seconds,
             *self.timings.values(),
         )
-
-    async def _first_start(
-        self,
-        *,
-        what: str,
-        start: Callable[[], Awaitable[None]],
-        repick: Callable[[], None],
-        log_path: Callable[[], Path],
-        attempts: int = 3,
-    ) -> None:
-        """Start a process, retrying with fresh ports if another process took ours."""
-        for attempt in range(1, attempts + 1):
-            offset = log_path().stat().st_size if log_path().exists() else 0
-            try:
-                await start()
-                return
-            except ProcessFailed:
-                with log_path().open("rb") as f:
-                    f.seek(offset)
-                    output = f.read().decode(errors="replace")
-                if attempt == attempts or not _ADDRESS_IN_USE.search(output):
-                    raise
-                log.warning("%s lost its port to another process; retrying on new ports", what)
-                repick()
 
     async def ensure_running(self) -> None:
         """Start whichever of etcd and kube-apiserver is not running (after a failed test
@@ -672,40 +649,19 @@ class ControlPlane:
             failing = [line for line in body.splitlines() if line.startswith("[-]")]
             return False, f"HTTP {resp.status}: " + ("; ".join(failing) or body.strip()[:500])
 
-    # ---------------------------------------------------------------- waiting
-
     async def _wait(
-        self,
-        proc: ManagedProcess,
-        check: Callable[[], Awaitable[tuple[bool, str]]],
-        *,
-        what: str,
-        within: float | None = None,
+        self, proc: ManagedProcess, check: ReadyCheck, *, what: str, within: float | None = None
     ) -> None:
-        loop = asyncio.get_running_loop()
-        limit = self.ready_timeout if within is None else within
-        deadline = loop.time() + limit
-        last = "no answer yet"
-        # A temporary workdir is removed after a failed start: point at the log only if kept.
-        where = f" (log: {proc.log_path})" if self._given_workdir is not None else ""
-        while True:
-            if not proc.running:
-                raise ProcessFailed(
-                    f"{what} exited with status {proc.returncode} before it became ready"
-                    f"{where}\n--- last lines of its log ---\n{proc.log_tail()}"
-                )
-            try:
-                ok, last = await check()
-            except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
-                ok, last = False, f"{type(e).__name__}: {e}"
-            if ok:
-                return
-            if loop.time() >= deadline:
-                raise ControlPlaneError(
-                    f"{what} did not become ready within {limit:g} s; last check: {last}"
-                    f"{where}\n--- last lines of its log ---\n{proc.log_tail()}"
-                )
-            await asyncio.sleep(_POLL_INTERVAL)
+        await wait_until_ready(
+            proc,
+            check,
+            what=what,
+            within=self.ready_timeout if within is None else within,
+            poll=_POLL_INTERVAL,
+            timeout_error=ControlPlaneError,
+            # a temporary workdir is removed after a failed start: name the log only if kept
+            show_log_path=self._given_workdir is not None,
+        )
 
     # ---------------------------------------------------------------- kubectl and CRDs
 
@@ -717,28 +673,12 @@ class ControlPlane:
             f"--cache-dir={self.workdir / 'kubectl-cache'}",
             *args,
         ]
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=_child_env(),
-            preexec_fn=functools.partial(die_with_parent, os.getpid()),
-        )
-        try:
-            async with asyncio.timeout(within):
-                out, err = await proc.communicate(stdin)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            raise
-        if proc.returncode != 0:
+        rc, out, err = await run_captured(argv, env=_child_env(), stdin=stdin, within=within)
+        if rc != 0:
             raise ControlPlaneError(
-                f"kubectl {' '.join(args)} failed with status {proc.returncode}: "
-                f"{err.decode(errors='replace').strip()}"
+                f"kubectl {' '.join(args)} failed with status {rc}: {err.strip()}"
             )
-        return out.decode()
+        return out
 
     async def install_crds(self, directory: Path, *, within: float = 60.0) -> list[str]:
         """Apply every manifest in `directory` (server-side) and wait for its CRDs.

@@ -19,6 +19,15 @@ only the parent, which then stops its children in order, instead of every proces
 Output (stdout and stderr) goes to a log file, appended across restarts, whose tail is put
 into error messages when a child dies or never becomes ready.
 
+Shared by every process of the test bed (etcd, kube-apiserver, the Cluster API manager,
+`capl manager`, the test daemons):
+- `wait_until_ready(proc, check, ...)`: poll a readiness check with a deadline; fail at once
+  with the log tail when the process exits, or at the deadline with the last check's answer;
+- `retry_lost_port(start, ...)`: a port picked free can be taken by another process before
+  the child binds it; when the child's log says so, pick new ports and start again;
+- `run_captured(argv, ...)`: a short-lived command (kubectl, clusterctl) with a deadline,
+  its output captured, killed with its parent like the long-running ones.
+
 Children are started with subprocess.Popen rather than asyncio subprocesses so that the
 synchronous paths (atexit, emergency close) work without an event loop; the async `stop`
 waits in a worker thread.
@@ -33,18 +42,30 @@ import ctypes
 import ctypes.util
 import errno
 import functools
+import inspect
 import logging
 import os
+import re
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Final
+
+import aiohttp
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+ADDRESS_IN_USE: Final = re.compile(r"address already in use", re.IGNORECASE)
+"""What a child's log says when another process took the port it was given."""
+# What a readiness check may raise while the process is still coming up.
+_NOT_READY_YET = (aiohttp.ClientError, OSError, TimeoutError, ValueError)
+
+ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
+"""A readiness check: (ready?, what it saw, for the error message at the deadline)."""
 
 # Resolved once at import: loading a library after fork() in a child is not safe.
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -80,6 +101,24 @@ def tail(path: Path, *, lines: int = 40, max_bytes: int = 64 * 1024) -> str:
         return ""
     text = data.decode("utf-8", errors="replace")
     return "\n".join(text.splitlines()[-lines:])
+
+
+def file_size(path: Path) -> int:
+    """The size of a (log) file; 0 if it does not exist."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def read_from(path: Path, offset: int = 0) -> str:
+    """The text of a (log) file from byte `offset` on; empty if it does not exist."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
 
 
 class ManagedProcess:
@@ -124,10 +163,7 @@ class ManagedProcess:
 
     def log_offset(self) -> int:
         """The current size of the log (to read only what a later start writes)."""
-        try:
-            return self.log_path.stat().st_size
-        except FileNotFoundError:
-            return 0
+        return file_size(self.log_path)
 
     def start(self) -> None:
         """Start the process; its output is appended to the log file."""
@@ -210,6 +246,104 @@ class ManagedProcess:
         for proc in live:
             with contextlib.suppress(Exception):
                 proc.stop_sync(grace=grace)
+
+
+async def wait_until_ready(
+    proc: ManagedProcess,
+    check: ReadyCheck,
+    *,
+    what: str,
+    within: float,
+    poll: float = 0.2,
+    timeout_error: type[Exception] = ProcessFailed,
+    show_log_path: bool = True,
+) -> None:
+    """Poll `check` until it says ready.
+
+    Raises ProcessFailed at once when `proc` exits, `timeout_error` once `within` seconds
+    passed; both messages carry the last lines of the process's log (and its path unless
+    `show_log_path` is False: a log in a directory removed after a failed start).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    last = "no answer yet"
+    where = f" (log: {proc.log_path})" if show_log_path else ""
+    while True:
+        if not proc.running:
+            raise ProcessFailed(
+                f"{what} exited with status {proc.returncode} before it became ready"
+                f"{where}\n--- last lines of its log ---\n{proc.log_tail()}"
+            )
+        try:
+            ok, last = await check()
+        except _NOT_READY_YET as e:
+            ok, last = False, f"{type(e).__name__}: {e}"
+        if ok:
+            return
+        if loop.time() >= deadline:
+            raise timeout_error(
+                f"{what} did not become ready within {within:g} s; last check: {last}"
+                f"{where}\n--- last lines of its log ---\n{proc.log_tail()}"
+            )
+        await asyncio.sleep(poll)
+
+
+async def retry_lost_port(
+    start: Callable[[], Awaitable[None]],
+    *,
+    log_path: Path,
+    repick: Callable[[], object],
+    what: str,
+    attempts: int = 3,
+) -> None:
+    """`start()`; when it fails with ProcessFailed and what the process logged meanwhile says
+    its port was taken, `repick()` (new ports; may be a coroutine function) and start again."""
+    for attempt in range(1, attempts + 1):
+        offset = file_size(log_path)
+        try:
+            await start()
+            return
+        except ProcessFailed:
+            if attempt == attempts or not ADDRESS_IN_USE.search(read_from(log_path, offset)):
+                raise
+        log.warning("%s lost a port to another process; retrying on new ports", what)
+        result = repick()
+        if inspect.isawaitable(result):
+            await result
+
+
+async def run_captured(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    stdin: bytes | None = None,
+    cwd: Path | None = None,
+    within: float,
+) -> tuple[int, str, str]:
+    """Run a command to completion within `within` seconds: (status, stdout, stderr).
+
+    The command dies with this process (PR_SET_PDEATHSIG) and is killed when the deadline
+    passes or the caller is cancelled.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(env),
+        cwd=cwd,
+        preexec_fn=functools.partial(die_with_parent, os.getpid()),
+    )
+    try:
+        async with asyncio.timeout(within):
+            out, err = await proc.communicate(stdin)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
 def _stop_all_at_exit() -> None:

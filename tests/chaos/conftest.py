@@ -4,14 +4,16 @@ Every test here runs the product's entry point (`capl manager`, through
 tests/fixtures/capl.py `CaplManager`) against the session's kube-apiserver and libvirt, then
 breaks something — the manager (SIGKILL), kube-apiserver (restart) and etcd (compaction), the
 leader of two managers, a libvirt host's network link, libvirtd itself — and checks that
-nothing is lost or leaked, by listing libvirt directly (tests/chaos/bed.py).
+nothing is lost or leaked, by listing libvirt directly (tests/fixtures/bed.py `audit`).
 
-- `bed`: a `ChaosBed` in the test's namespace with its own API client; after the test it
-  removes what is left (machines and cluster through the API while a manager runs, then a
-  direct libvirt sweep of anything of the namespace).
+- `bed`: a `ChaosBed` in the test's namespace with its own API client; after the test a
+  direct libvirt sweep removes anything of the namespace the manager left
+  (tests/fixtures/bed.py `bed_fixture`).
 - `chaos_seed`: the seed of the test's random choices: `$CAPL_CHAOS_SEED` to replay a run,
   else a fresh one; printed in the terminal summary and in failure messages.
-- `manager_args(...)`: the `capl manager` flags the chaos tests share.
+- `chaos_manager(name, *flags, **options)`: a started `capl manager` (tests/fixtures/capl.py
+  `CaplManager`, fixture `capl_manager_factory`) in the test's namespace, without webhooks,
+  with the flags the chaos tests share plus `flags`.
 - The libvirtd restart test runs last in the stage (it restarts the daemon that hosts the
   shared test driver, whose state dies with it).
 
@@ -29,20 +31,19 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from capl.kube import KubeClient
 from capl.testbed import ControlPlane
 from tests.chaos.bed import ChaosBed, figures
-from tests.controllers.conftest import capi_crds
-from tests.fixtures.capl import capl_manager_factory
-
-__all__ = ["capi_crds", "capl_manager_factory"]  # fixtures re-exported for the tests
+from tests.fixtures.bed import bed_fixture
+from tests.fixtures.capl import CaplManager, CaplManagerFactory
 
 LAST = "test_libvirtd_restart.py"
+
+ChaosManager = Callable[..., Awaitable[CaplManager]]
 
 
 def manager_args(*extra: str) -> list[str]:
@@ -58,20 +59,26 @@ def chaos_seed(request: pytest.FixtureRequest) -> int:
     return seed
 
 
+bed = bed_fixture(ChaosBed)
+
+
 @pytest.fixture
-async def bed(
-    control_plane: ControlPlane, capi_crds: list[str], namespace: str
-) -> AsyncIterator[ChaosBed]:
-    await control_plane.ensure_running()
-    api = await KubeClient.connect(str(control_plane.kubeconfig))
-    chaos = ChaosBed(plane=control_plane, api=api, namespace=namespace)
-    try:
-        yield chaos
-    finally:
-        try:
-            await chaos.sweep()
-        finally:
-            await api.close()
+def chaos_manager(
+    capl_manager_factory: CaplManagerFactory, control_plane: ControlPlane, bed: ChaosBed
+) -> ChaosManager:
+    """`await chaos_manager(name, *flags, start=True, **CaplManager options)`."""
+
+    async def make(name: str, *flags: str, start: bool = True, **options: Any) -> CaplManager:
+        options.setdefault("webhooks", False)
+        options.setdefault("namespace", bed.namespace)
+        manager = await capl_manager_factory(
+            control_plane, name=name, extra_args=manager_args(*flags), **options
+        )
+        if start:
+            await manager.start()
+        return manager
+
+    return make
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -7,10 +7,11 @@
   that overlaps nothing on this machine); no forwarding, no default route: only this
   machine and that namespace talk over it;
 - inside the namespace, an unprivileged libvirtd (``nobody``, session mode, private state
-  and config directories, exactly like tests/fixtures/transports.py `tls_libvirtd`, whose
-  certificate helpers it reuses) listening with TLS (client certificates required) on
-  ``10.a.b.2``; the manager reaches its test driver as ``test+tls://10.a.b.2:<port>/default``
-  with the Secret keys ``ca.crt``, ``tls.crt``, ``tls.key`` (`credentials`);
+  and config directories: tests/fixtures/transports.py `private_libvirtd`, as for
+  `tls_libvirtd`, with the same certificate helpers) listening with TLS (client
+  certificates required) on ``10.a.b.2``; the manager reaches its test driver as
+  ``test+tls://10.a.b.2:<port>/default`` with the Secret keys ``ca.crt``, ``tls.crt``,
+  ``tls.key`` (`credentials`);
 - the daemon's UNIX socket lives in its private directory on the shared filesystem, so this
   test reaches the same test driver as ``test+unix:///default?socket=...`` (`local_uri`)
   whatever happens to the link: a holder connection on it keeps the test driver's state
@@ -34,7 +35,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -45,9 +45,14 @@ from pathlib import Path
 import libvirt
 
 from capl.testbed.process import ManagedProcess
-from tests.chaos.bed import free_cidr, open_libvirt
 from tests.fixtures.common import require_part
-from tests.fixtures.transports import TestCA, _daemon_identity, _write
+from tests.fixtures.libvirt_direct import free_cidr, open_libvirt
+from tests.fixtures.transports import (
+    _daemon_identity,
+    libvirt_ca,
+    private_libvirtd,
+    wait_for_port,
+)
 
 LIBVIRTD = Path("/usr/sbin/libvirtd")
 START_TIMEOUT = 30.0
@@ -94,23 +99,6 @@ class NetnsLibvirtd:
 
     def log_tail(self) -> str:
         return self.process.log_tail()
-
-
-def _wait_listening(address: str, port: int, *, process: ManagedProcess) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        if not process.running:
-            raise RuntimeError(f"libvirtd in the netns exited:\n{process.log_tail()}")
-        try:
-            with socket.create_connection((address, port), timeout=1.0):
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"libvirtd did not listen on {address}:{port}:\n{process.log_tail()}"
-            )
-        time.sleep(0.1)
 
 
 _OWNER_FILE = "owner.json"
@@ -183,64 +171,26 @@ def netns_libvirtd() -> Iterator[NetnsLibvirtd]:
         _ip("-n", netns, "link", "set", ns_if, "up")
         _ip("-n", netns, "link", "set", "lo", "up")
 
-        ca = TestCA("capl-chaos-netns-ca")
-        server_cert, server_key = ca.issue(ns_ip, server=True, hosts=(ns_ip,))
-        client_cert, client_key = ca.issue("capl-chaos-client", server=False)
-        for sub in ("pki", "run", "home", "config", "cache", "data"):
-            (workdir / sub).mkdir(mode=0o700)
-        _write(workdir / "pki" / "ca.pem", ca.cert_pem, 0o644)
-        _write(workdir / "pki" / "server.pem", server_cert, 0o644)
-        _write(workdir / "pki" / "server-key.pem", server_key, 0o600)
-        env = {
-            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": str(workdir / "home"),
-            "XDG_CONFIG_HOME": str(workdir / "config"),
-            "XDG_CACHE_HOME": str(workdir / "cache"),
-            "XDG_DATA_HOME": str(workdir / "data"),
-            "XDG_RUNTIME_DIR": str(workdir / "run"),
-        }
+        ca = libvirt_ca("capl-chaos-netns-ca")
+        server = ca.issue_serving(hosts=(ns_ip,))
+        client = ca.issue_client(user="capl-chaos-client")
         port = 16514
-        config = "\n".join(
-            [
-                "listen_tls = 1",
-                "listen_tcp = 0",
+        process = private_libvirtd(
+            workdir,
+            name="libvirtd (netns, TLS)",
+            argv_prefix=["ip", "netns", "exec", netns, *prefix],
+            owner=(uid, gid),
+            pki=(ca.cert_pem, server.cert_pem, server.key_pem),
+            settings=[
                 f'listen_addr = "{ns_ip}"',
                 f'tls_port = "{port}"',
-                'auth_tls = "none"',
+                "listen_tcp = 0",
                 'auth_unix_rw = "none"',
                 'unix_sock_rw_perms = "0777"',
-                f'unix_sock_dir = "{workdir / "run"}"',
-                f'key_file = "{workdir / "pki" / "server-key.pem"}"',
-                f'cert_file = "{workdir / "pki" / "server.pem"}"',
-                f'ca_file = "{workdir / "pki" / "ca.pem"}"',
-                "tls_no_verify_certificate = 0",
-                'log_outputs = "3:stderr"',
-                "",
-            ]
-        )
-        _write(workdir / "libvirtd.conf", config.encode(), 0o600)
-        for path in [workdir, *workdir.rglob("*")]:
-            os.chown(path, uid, gid)
-        process = ManagedProcess(
-            name="libvirtd (netns, TLS)",
-            argv=[
-                "ip",
-                "netns",
-                "exec",
-                netns,
-                *prefix,
-                str(LIBVIRTD),
-                "--listen",
-                "--config",
-                str(workdir / "libvirtd.conf"),
-                "--pid-file",
-                str(workdir / "run" / "libvirtd.pid"),
             ],
-            env=env,
-            log_path=workdir.with_name(workdir.name + ".log"),
         )
         process.start()
-        _wait_listening(ns_ip, port, process=process)
+        wait_for_port(port, host=ns_ip, process=process, timeout=START_TIMEOUT)
         bed = NetnsLibvirtd(
             netns=netns,
             host_if=host_if,
@@ -249,7 +199,11 @@ def netns_libvirtd() -> Iterator[NetnsLibvirtd]:
             ns_ip=ns_ip,
             tls_port=port,
             workdir=workdir,
-            credentials={"ca.crt": ca.cert_pem, "tls.crt": client_cert, "tls.key": client_key},
+            credentials={
+                "ca.crt": ca.cert_pem,
+                "tls.crt": client.cert_pem,
+                "tls.key": client.key_pem,
+            },
             process=process,
         )
         deadline = time.monotonic() + START_TIMEOUT
@@ -265,7 +219,7 @@ def netns_libvirtd() -> Iterator[NetnsLibvirtd]:
                 bed.holder.close()
         if process is not None:
             process.stop_sync(grace=5)
-            Path(process.log_path).unlink(missing_ok=True)
+        workdir.with_name(workdir.name + ".log").unlink(missing_ok=True)
         if made_route or made_ns or made_link:
             _remove(netns, host_if, str(net))
         shutil.rmtree(workdir, ignore_errors=True)

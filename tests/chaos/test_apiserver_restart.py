@@ -17,7 +17,7 @@ deadline would rightly make a leader step down) runs the whole test; its PID nev
 Then, without any manager restart: the same PID, one start, the log shows the informers
 re-listing after 410; every machine converges; the manager's view as written into status
 (Ready, observedGeneration = generation, host) agrees with a fresh list; libvirt, listed
-directly, holds exactly the live machines (tests/chaos/bed.py `audit`). The outage and the
+directly, holds exactly the live machines (tests/fixtures/bed.py `audit`). The outage and the
 time to converge afterwards are printed in the terminal summary.
 """
 
@@ -33,9 +33,10 @@ from capl.api import constants as c
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import CONFIG_MAP
 from capl.testbed import ControlPlane
-from tests.chaos.bed import ChaosBed, ChaosCluster, HostRef, api_call, condition, record
-from tests.chaos.conftest import manager_args
-from tests.fixtures.capl import CaplManagerFactory
+from tests.chaos.bed import ChaosBed, record
+from tests.chaos.conftest import ChaosManager
+from tests.fixtures.bed import BedCluster, Host, api_call
+from tests.fixtures.objects import condition_of
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd]
 
@@ -44,7 +45,7 @@ INITIAL = 40
 
 async def churn(
     bed: ChaosBed,
-    cluster: ChaosCluster,
+    cluster: BedCluster,
     rng: random.Random,
     prefix: str,
     *,
@@ -62,23 +63,16 @@ async def churn(
 async def test_apiserver_restart_and_compaction_mid_churn_lose_nothing(
     bed: ChaosBed,
     control_plane: ControlPlane,
-    capl_manager_factory: CaplManagerFactory,
+    chaos_manager: ChaosManager,
     shared_test_driver: str,
     chaos_seed: int,
 ) -> None:
     rng = random.Random(chaos_seed)
-    manager = await capl_manager_factory(
-        control_plane,
-        name="capl-apiserver",
-        webhooks=False,
-        namespace=bed.namespace,
-        extra_args=manager_args(),
-    )
-    await manager.start()
+    manager = await chaos_manager("capl-apiserver")
     pid = manager.pid
     try:
         cluster = await bed.create_cluster(
-            "apiserver", hosts=[HostRef(name="h1", uri=shared_test_driver)]
+            "apiserver", hosts=[Host(name="h1", uri=shared_test_driver)]
         )
         await bed.many(bed.create_machine(cluster, f"a{i}") for i in range(INITIAL))
         await bed.wait_converged(within=120)
@@ -122,7 +116,7 @@ async def test_apiserver_restart_and_compaction_mid_churn_lose_nothing(
             name = obj["metadata"]["name"]
             status = obj.get("status") or {}
             assert status.get("observedGeneration") == obj["metadata"]["generation"], name
-            assert condition(obj, c.ConditionType.READY).get("status") == "True", name
+            assert condition_of(obj, c.ConditionType.READY).get("status") == "True", name
             assert status.get("host") == obj["spec"]["hostName"] == "h1", name
         problems = await bed.audit(cluster, machines)
         assert not problems, "libvirt does not match the API:\n  " + "\n  ".join(problems[:40])

@@ -22,10 +22,9 @@ import random
 
 import pytest
 
-from capl.testbed import ControlPlane
-from tests.chaos.bed import ChaosBed, HostRef
-from tests.chaos.conftest import manager_args
-from tests.fixtures.capl import CaplManagerFactory
+from tests.chaos.bed import ChaosBed
+from tests.chaos.conftest import ChaosManager
+from tests.fixtures.bed import Host
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd]
 
@@ -35,25 +34,14 @@ JITTER = 0.3
 
 async def test_machine_deleted_while_its_finalizer_is_added_leaves_nothing(
     bed: ChaosBed,
-    control_plane: ControlPlane,
-    capl_manager_factory: CaplManagerFactory,
+    chaos_manager: ChaosManager,
     shared_test_driver: str,
     chaos_seed: int,
 ) -> None:
     rng = random.Random(chaos_seed)
-    manager = await capl_manager_factory(
-        control_plane,
-        name="capl-race",
-        webhooks=False,
-        namespace=bed.namespace,
-        log_level="info",
-        extra_args=manager_args(),
-    )
-    await manager.start()
+    manager = await chaos_manager("capl-race", log_level="info")
     try:
-        cluster = await bed.create_cluster(
-            "race", hosts=[HostRef(name="h1", uri=shared_test_driver)]
-        )
+        cluster = await bed.create_cluster("race", hosts=[Host(name="h1", uri=shared_test_driver)])
 
         async def create_then_delete(name: str) -> None:
             await bed.create_machine(cluster, name)

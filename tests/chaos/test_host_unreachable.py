@@ -21,19 +21,18 @@ TLS (`test+tls://10.a.b.2:16514/default`, credentials from a Secret; tests/chaos
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 
 import pytest
 
 from capl.api import constants as c
 from capl.runtime.objects import Obj
-from capl.runtime.resources import LIBVIRT_MACHINE, SECRET
-from capl.testbed import ControlPlane
-from tests.chaos.bed import ChaosBed, HostRef, condition, record
-from tests.chaos.conftest import manager_args
+from capl.runtime.resources import LIBVIRT_MACHINE
+from tests.chaos.bed import ChaosBed, record
+from tests.chaos.conftest import ChaosManager
 from tests.chaos.netns import netns_libvirtd
-from tests.fixtures.capl import CaplManagerFactory
+from tests.fixtures.bed import Host
+from tests.fixtures.objects import condition_of
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd]
 
@@ -47,41 +46,25 @@ OUTAGE_MIN = 25.0
 
 
 def reports_unreachable(obj: Obj, address: str) -> bool:
-    ready = condition(obj, c.ConditionType.READY)
+    ready = condition_of(obj, c.ConditionType.READY)
     return ready.get("status") == "False" and address in str(ready.get("message") or "")
 
 
 @pytest.mark.timeout(600)
 async def test_unreachable_host_is_reported_others_unaffected_and_recovery(
     bed: ChaosBed,
-    control_plane: ControlPlane,
-    capl_manager_factory: CaplManagerFactory,
+    chaos_manager: ChaosManager,
     shared_test_driver: str,
 ) -> None:
     with netns_libvirtd() as remote:
-        await bed.create(
-            SECRET,
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": "h2-tls", "namespace": bed.namespace},
-                "data": {k: base64.b64encode(v).decode() for k, v in remote.credentials.items()},
-            },
-        )
-        manager = await capl_manager_factory(
-            control_plane,
-            name="capl-unreachable",
-            webhooks=False,
-            namespace=bed.namespace,
-            extra_args=manager_args(),
-        )
-        await manager.start()
+        await bed.secret("h2-tls", remote.credentials)
+        manager = await chaos_manager("capl-unreachable")
         try:
             cluster = await bed.create_cluster(
                 "unreach",
                 hosts=[
-                    HostRef(name="h1", uri=shared_test_driver),
-                    HostRef(
+                    Host(name="h1", uri=shared_test_driver),
+                    Host(
                         name="h2",
                         uri=remote.uri(),
                         direct_uri=remote.local_uri(),
@@ -130,13 +113,13 @@ async def test_unreachable_host_is_reported_others_unaffected_and_recovery(
                             f"h2's machines do not report the host unreachable after "
                             f"{DETECT_WITHIN:.0f} s: "
                             + "; ".join(
-                                f"{n}: {condition(objs[n], c.ConditionType.READY)}"
+                                f"{n}: {condition_of(objs[n], c.ConditionType.READY)}"
                                 for n in silent[:5]
                             )
                         )
                     await asyncio.sleep(0.5)
                 detected = time.monotonic() - down_at
-                sample = condition(objs[watched[0]], c.ConditionType.READY)
+                sample = condition_of(objs[watched[0]], c.ConditionType.READY)
                 assert "h2-0" in objs  # its deletion waits for the host
                 # keep the link down past libvirt's keepalive window (the manager's open
                 # connection to h2 dies of it), then h1 must still work

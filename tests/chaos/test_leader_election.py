@@ -13,7 +13,7 @@ as flags (4 s / 3 s / 1 s). The first one started leads. While 60 machines are b
 - the churn continues (20 more machines, 10 deletions) under the new leader.
 
 Then: every machine converges; libvirt, listed directly, has exactly one domain per machine
-and no duplicate DHCP entry or any other leftover (tests/chaos/bed.py `audit`); and the logs
+and no duplicate DHCP entry or any other leftover (tests/fixtures/bed.py `audit`); and the logs
 show the two never reconciled at the same time: every record the old leader logged from a
 reconcile (records carrying the `controller` key) is older than the kill, and every such
 record of the new leader is younger than its "became leader". The takeover time of both
@@ -31,10 +31,11 @@ import pytest
 
 from capl.api import constants as c
 from capl.runtime.resources import LEASE, LIBVIRT_MACHINE
-from capl.testbed import ControlPlane
-from tests.chaos.bed import ChaosBed, HostRef, condition, parse_log_time, record
-from tests.chaos.conftest import manager_args
-from tests.fixtures.capl import CaplManager, CaplManagerFactory
+from tests.chaos.bed import ChaosBed, parse_log_time, record
+from tests.chaos.conftest import ChaosManager
+from tests.fixtures.bed import Host
+from tests.fixtures.capl import CaplManager
+from tests.fixtures.objects import condition_of
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd]
 
@@ -84,8 +85,7 @@ async def wait_leader(manager: CaplManager, *, within: float) -> float:
 )
 async def test_leader_killed_standby_takes_over_without_double_provisioning(
     bed: ChaosBed,
-    control_plane: ControlPlane,
-    capl_manager_factory: CaplManagerFactory,
+    chaos_manager: ChaosManager,
     shared_test_driver: str,
     chaos_seed: int,
     lease: int,
@@ -103,14 +103,12 @@ async def test_leader_killed_standby_takes_over_without_double_provisioning(
         ]
     )
     managers = [
-        await capl_manager_factory(
-            control_plane,
-            name=f"capl-le-{which}",
-            webhooks=False,
-            namespace=bed.namespace,
+        await chaos_manager(
+            f"capl-le-{which}",
+            *flags,
+            start=False,
             leader_elect=True,
             leader_election_namespace=bed.namespace,
-            extra_args=manager_args(*flags),
         )
         for which in ("a", "b")
     ]
@@ -119,7 +117,7 @@ async def test_leader_killed_standby_takes_over_without_double_provisioning(
         await leader.start()
         await wait_leader(leader, within=60)
         await standby.start()
-        cluster = await bed.create_cluster("le", hosts=[HostRef(name="h1", uri=shared_test_driver)])
+        cluster = await bed.create_cluster("le", hosts=[Host(name="h1", uri=shared_test_driver)])
 
         first = [f"m{i}" for i in range(60)]
         doomed = rng.sample(first, k=10)
@@ -143,7 +141,7 @@ async def test_leader_killed_standby_takes_over_without_double_provisioning(
         killed_at = time.time()
         leader.kill()
         ready = sum(
-            condition(m, c.ConditionType.READY).get("status") == "True"
+            condition_of(m, c.ConditionType.READY).get("status") == "True"
             for m in await bed.list_objects(LIBVIRT_MACHINE)
         )
         in_flight = len(first) - ready

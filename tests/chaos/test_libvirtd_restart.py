@@ -13,7 +13,7 @@ Then: the manager (same process) reconnects by itself; every machine converges t
 with the address of its DHCP lease; the events tell what happened meanwhile (a Warning
 `Unreachable` naming the host, then recovery: the LibvirtCluster's `HostsReachable` is
 True again); libvirt, listed directly, holds exactly one running domain per machine, its
-volumes, DHCP host and DNS record (tests/chaos/bed.py `audit`).
+volumes, DHCP host and DNS record (tests/fixtures/bed.py `audit`).
 
 The daemon is brought back and checked healthy after the test even when it fails. This test
 runs last in the stage (tests/chaos/conftest.py): libvirtd's shared test driver state, which
@@ -34,11 +34,12 @@ import pytest
 
 from capl.api import constants as c
 from capl.runtime.resources import LIBVIRT_CLUSTER, LIBVIRT_MACHINE
-from capl.testbed import ControlPlane
-from tests.chaos.bed import ChaosBed, HostRef, condition, open_libvirt, record
-from tests.chaos.conftest import manager_args
-from tests.fixtures.capl import CaplManagerFactory
+from tests.chaos.bed import ChaosBed, record
+from tests.chaos.conftest import ChaosManager
+from tests.fixtures.bed import Host
 from tests.fixtures.libvirt import SHARED_TEST_DRIVER_URI
+from tests.fixtures.libvirt_direct import open_libvirt
+from tests.fixtures.objects import condition_of
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
 
@@ -116,7 +117,7 @@ async def noticed(bed: ChaosBed, names: list[str], cluster: str) -> str | None:
             if type_ == "Warning" and reason == c.Reason.UNREACHABLE:
                 return f"event {reason} on {name}: {message[:160]}"
     for obj in await bed.list_objects(LIBVIRT_MACHINE):
-        ready = condition(obj, c.ConditionType.READY)
+        ready = condition_of(obj, c.ConditionType.READY)
         if ready.get("reason") == c.Reason.UNREACHABLE:
             return f"condition on {obj['metadata']['name']}: {ready.get('message', '')[:160]}"
     return None
@@ -125,26 +126,18 @@ async def noticed(bed: ChaosBed, names: list[str], cluster: str) -> str | None:
 @pytest.mark.timeout(600)
 async def test_libvirtd_restart_mid_provisioning_reconnects_and_converges(
     bed: ChaosBed,
-    control_plane: ControlPlane,
-    capl_manager_factory: CaplManagerFactory,
+    chaos_manager: ChaosManager,
     libvirtd_uri: str,
     guest_image: Path,
 ) -> None:
-    manager = await capl_manager_factory(
-        control_plane,
-        name="capl-libvirtd",
-        webhooks=False,
-        namespace=bed.namespace,
-        extra_args=manager_args("--machine-shutdown-timeout=20s"),
-    )
-    await manager.start()
+    manager = await chaos_manager("capl-libvirtd", "--machine-shutdown-timeout=20s")
     pid = manager.pid
     restarted = False
     try:
         cluster = await bed.create_cluster(
             "real",
-            hosts=[HostRef(name="kvm", uri=libvirtd_uri)],
-            base_volume=False,
+            hosts=[Host(name="kvm", uri=libvirtd_uri)],
+            base_volume_on=(),
             dns_domain="chaos.test",
         )
         names = [f"vm{i}" for i in range(MACHINES)]
@@ -158,7 +151,7 @@ async def test_libvirtd_restart_mid_provisioning_reconnects_and_converges(
                 raise AssertionError("no machine got an identity within 120 s")
             await asyncio.sleep(0.05)
         in_flight = sum(
-            condition(m, c.ConditionType.READY).get("status") != "True"
+            condition_of(m, c.ConditionType.READY).get("status") != "True"
             for m in await bed.list_objects(LIBVIRT_MACHINE)
         )
         await stop_libvirtd()
@@ -188,7 +181,7 @@ async def test_libvirtd_restart_mid_provisioning_reconnects_and_converges(
         assert not problems, "libvirt does not match the API:\n  " + "\n  ".join(problems[:40])
         lc = await bed.get(LIBVIRT_CLUSTER, cluster.name)
         assert lc is not None
-        reachable = condition(lc, "HostsReachable")
+        reachable = condition_of(lc, "HostsReachable")
         assert reachable.get("status") == "True", reachable
         log = manager.log_text()
         assert "connection to qemu:///system lost" in log

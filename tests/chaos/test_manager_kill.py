@@ -15,7 +15,7 @@ Each round (seeded RNG, the seed is printed; `CAPL_CHAOS_SEED` replays a run):
   kubernetes/kubernetes#77988 — test_delete_racing_finalizer.py reproduces that on its own);
 - then: every live machine Ready, every deleted one gone, and libvirt, listed directly,
   holds exactly one running domain per live machine (by spec.domainUUID and by name), its
-  volumes, one DHCP host and one DNS record, and nothing else (tests/chaos/bed.py `audit`).
+  volumes, one DHCP host and one DNS record, and nothing else (tests/fixtures/bed.py `audit`).
 At the end the cluster is deleted and nothing of it is left on the host.
 
 `CAPL_CHAOS_ROUNDS` overrides the number of rounds (default 20). The time of every round is
@@ -32,10 +32,10 @@ import time
 
 import pytest
 
-from capl.testbed import ControlPlane
-from tests.chaos.bed import ChaosBed, HostRef, record, take_inventory
-from tests.chaos.conftest import manager_args
-from tests.fixtures.capl import CaplManagerFactory
+from tests.chaos.bed import ChaosBed, record
+from tests.chaos.conftest import ChaosManager
+from tests.fixtures.bed import Host
+from tests.fixtures.libvirt_direct import take_inventory
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd]
 
@@ -48,30 +48,21 @@ CONVERGE_WITHIN = 180.0
 @pytest.mark.timeout(1800)
 async def test_churn_with_sigkilled_manager_loses_and_leaks_nothing(
     bed: ChaosBed,
-    control_plane: ControlPlane,
-    capl_manager_factory: CaplManagerFactory,
+    chaos_manager: ChaosManager,
     shared_test_driver: str,
     chaos_seed: int,
 ) -> None:
     rng = random.Random(chaos_seed)
     record(f"manager SIGKILL churn: seed {chaos_seed} (replay: CAPL_CHAOS_SEED={chaos_seed})")
-    manager = await capl_manager_factory(
-        control_plane,
-        name="capl-churn",
-        webhooks=False,
-        namespace=bed.namespace,
-        log_level=os.environ.get("CAPL_CHAOS_LOG_LEVEL", "info"),
-        extra_args=manager_args(),
+    manager = await chaos_manager(
+        "capl-churn", log_level=os.environ.get("CAPL_CHAOS_LOG_LEVEL", "info")
     )
-    await manager.start()
     numbers = itertools.count()
     kills = 0
     started = time.monotonic()
     per_round: list[float] = []
     try:
-        cluster = await bed.create_cluster(
-            "churn", hosts=[HostRef(name="h1", uri=shared_test_driver)]
-        )
+        cluster = await bed.create_cluster("churn", hosts=[Host(name="h1", uri=shared_test_driver)])
         for round_no in range(ROUNDS):
             t0 = time.monotonic()
             target = POPULATION if round_no == 0 else rng.randint(LOW, POPULATION)

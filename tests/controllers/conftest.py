@@ -5,12 +5,7 @@ the session's kube-apiserver (`control_plane`), `capl.virt.LibvirtHosts` against
 test driver (or the real libvirtd in tests/libvirtd), `capl.kube.workload` for workload
 clusters. Nothing is faked.
 
-Fixtures
-- `capi_crds` (session): the Cluster API `Cluster` and `Machine` CRDs from the Cluster API
-  build (`$CAPL_CAPI_DIR/config/crd/bases`, `make capi`), reduced to their v1beta2 storage
-  version with no conversion webhook (no Cluster API manager runs here). When they are
-  installed already with a conversion webhook (the e2e fixtures' real Cluster API), they are
-  left as they are.
+Fixtures (besides `capi_crds` from tests/fixtures/objects.py)
 - `harness`: a `ControllerHarness` in the test's `namespace`, not started; stopped (and the
   libvirt resources it prepared removed) after the test.
 
@@ -31,12 +26,9 @@ Fixtures
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import ipaddress
-import os
 import secrets
-import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,8 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from aiohttp import web
 
 from capl.api import constants as c
 from capl.api.cluster import LibvirtCluster
@@ -70,256 +60,84 @@ from capl.runtime.manager import Manager, ManagerOptions
 from capl.runtime.objects import Obj, ObjectKey
 from capl.runtime.resources import (
     CLUSTER,
-    CUSTOM_RESOURCE_DEFINITION,
     EVENT,
     LIBVIRT_CLUSTER,
     LIBVIRT_MACHINE,
-    MACHINE,
-    SECRET,
     Resource,
 )
 from capl.testbed import ControlPlane
 from capl.virt import LibvirtHosts
-from tests.fixtures.common import require_part
 
-CAPI_DIR_ENV = "CAPL_CAPI_DIR"
-CAPI_CRD_FILES = ("cluster.x-k8s.io_clusters.yaml", "cluster.x-k8s.io_machines.yaml")
+# The object builders and the Cluster API CRDs live in tests/fixtures/objects.py, the image
+# server in tests/fixtures/images.py (fixtures `capi_crds`, `image_server` registered in
+# tests/conftest.py); imported here for the controller tests and bench/, which take them
+# from this module.
+from tests.fixtures.images import ImageServer, qcow2_image
+from tests.fixtures.objects import (
+    BASE_VOLUME,
+    CAPI_CRD_FILES,
+    CAPI_DIR_ENV,
+    b64,
+    bootstrap_secret_obj,
+    capi_crd_dir,
+    cluster_obj,
+    condition,
+    create_cluster_objects,
+    create_machine_objects,
+    install_capi_crds,
+    is_ready,
+    libvirt_cluster_obj,
+    libvirt_machine_obj,
+    libvirt_machine_spec,
+    machine_obj,
+    owner_ref,
+    random_cidr,
+    reduced_crd,
+    wait_for_absence,
+    wait_for_object,
+    write_reduced_crds,
+)
+
+__all__ = [
+    "BASE_VOLUME",
+    "CAPI_CRD_FILES",
+    "CAPI_DIR_ENV",
+    "GIB",
+    "TEST_DRIVER",
+    "ClusterObjects",
+    "ControllerHarness",
+    "ImageServer",
+    "MachineObjects",
+    "Setup",
+    "b64",
+    "bootstrap_secret_obj",
+    "capi_crd_dir",
+    "close_harness",
+    "cluster_obj",
+    "condition",
+    "domain_owner",
+    "events_of",
+    "gather_limited",
+    "install_capi_crds",
+    "is_ready",
+    "leftovers",
+    "libvirt_cluster_obj",
+    "libvirt_machine_obj",
+    "libvirt_machine_spec",
+    "machine_obj",
+    "network_of",
+    "new_harness",
+    "owner_ref",
+    "qcow2_image",
+    "random_cidr",
+    "reduced_crd",
+    "write_reduced_crds",
+]
+
 TEST_DRIVER = "test:///default"
-BASE_VOLUME = "capl-test-base.qcow2"
 GIB = 1024**3
 
 Setup = Callable[[Manager, Deps], object]
-
-
-# --- the Cluster API CRDs --------------------------------------------------------------------
-
-
-def capi_crd_dir() -> Path:
-    value = os.environ.get(CAPI_DIR_ENV) or ""
-    candidates = [Path(value)] if value else []
-    cache = Path(os.environ.get("CAPL_CACHE", Path.home() / ".cache" / "capl")) / "capi"
-    if not value and cache.is_dir():
-        candidates += sorted((p for p in cache.iterdir() if p.is_dir()), reverse=True)
-    for root in candidates:
-        bases = root / "config" / "crd" / "bases"
-        if all((bases / f).is_file() for f in CAPI_CRD_FILES):
-            return bases
-    require_part(
-        "the Cluster API CRDs (config/crd/bases of the Cluster API build)",
-        f"run `make capi` and export {CAPI_DIR_ENV}=<the directory it prints>",
-    )
-    raise AssertionError("unreachable")
-
-
-def reduced_crd(document: Mapping[str, Any]) -> dict[str, Any]:
-    """The CRD with only its storage version (v1beta2) and no conversion webhook."""
-    crd = dict(document)
-    spec = dict(crd["spec"])
-    spec["versions"] = [v for v in spec["versions"] if v.get("storage")]
-    spec["conversion"] = {"strategy": "None"}
-    crd["spec"] = spec
-    metadata = dict(crd.get("metadata") or {})
-    metadata.pop("annotations", None)
-    crd["metadata"] = metadata
-    return crd
-
-
-async def install_capi_crds(plane: ControlPlane, workdir: Path) -> list[str]:
-    """Install the reduced Cluster/Machine CRDs unless a real Cluster API installed them."""
-    async with await KubeClient.connect(str(plane.kubeconfig)) as client:
-        crds = client.resource(CUSTOM_RESOURCE_DEFINITION)
-        present = []
-        for filename in CAPI_CRD_FILES:
-            name = filename.split("_", 1)[1].removesuffix(".yaml") + ".cluster.x-k8s.io"
-            with contextlib.suppress(NotFound):
-                crd = await crds.get(ObjectKey("", name))
-                if (crd["spec"].get("conversion") or {}).get("strategy") == "Webhook":
-                    present.append(name)
-        if len(present) == len(CAPI_CRD_FILES):
-            return present
-    write_reduced_crds(capi_crd_dir(), workdir)
-    return await plane.install_crds(workdir)
-
-
-def write_reduced_crds(bases: Path, workdir: Path) -> None:
-    workdir.mkdir(parents=True, exist_ok=True)
-    for filename in CAPI_CRD_FILES:
-        document = yaml.safe_load((bases / filename).read_text())
-        (workdir / filename).write_text(yaml.safe_dump(reduced_crd(document)))
-
-
-@pytest.fixture(scope="session")
-async def capi_crds(
-    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> list[str]:
-    return await install_capi_crds(control_plane, tmp_path_factory.mktemp("capi-crds"))
-
-
-# --- object builders -------------------------------------------------------------------------
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def random_cidr() -> str:
-    """A random /24 in 10.0.0.0/8 (test networks must not overlap on one host)."""
-    return f"10.{secrets.randbelow(250) + 2}.{secrets.randbelow(256)}.0/24"
-
-
-def cluster_obj(name: str, namespace: str, *, libvirt_cluster: str, paused: bool = False) -> Obj:
-    spec: dict[str, Any] = {
-        "infrastructureRef": {
-            "apiGroup": c.GROUP,
-            "kind": c.Kind.LIBVIRT_CLUSTER.value,
-            "name": libvirt_cluster,
-        }
-    }
-    if paused:
-        spec["paused"] = True
-    return {
-        "apiVersion": c.CAPI_API_VERSION,
-        "kind": "Cluster",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
-
-
-def libvirt_cluster_obj(
-    name: str,
-    namespace: str,
-    *,
-    cluster: Obj,
-    hosts: Sequence[Mapping[str, Any]],
-    cidr: str | None = None,
-    mode: str = "isolated",
-    dns_domain: str | None = None,
-    pool_path: str | None = None,
-) -> Obj:
-    network: dict[str, Any] = {"mode": mode}
-    if cidr is not None:
-        network["cidr"] = cidr
-    if dns_domain is not None:
-        network["dnsDomain"] = dns_domain
-    spec: dict[str, Any] = {"hosts": [dict(h) for h in hosts], "network": network}
-    if pool_path is not None:
-        spec["storagePool"] = {"path": pool_path}
-    return {
-        "apiVersion": c.API_VERSION,
-        "kind": c.Kind.LIBVIRT_CLUSTER.value,
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {c.CLUSTER_NAME_LABEL: cluster["metadata"]["name"]},
-            "ownerReferences": [owner_ref(cluster, controller=True)],
-        },
-        "spec": spec,
-    }
-
-
-def owner_ref(obj: Obj, *, controller: bool = False) -> dict[str, Any]:
-    ref = {
-        "apiVersion": obj["apiVersion"],
-        "kind": obj["kind"],
-        "name": obj["metadata"]["name"],
-        "uid": obj["metadata"]["uid"],
-    }
-    if controller:
-        ref["controller"] = True
-        ref["blockOwnerDeletion"] = True
-    return ref
-
-
-def bootstrap_secret_obj(
-    name: str, namespace: str, *, data: bytes, format: str | None = None, cluster: str = ""
-) -> Obj:
-    payload = {c.BOOTSTRAP_DATA_KEY: b64(data)}
-    if format is not None:
-        payload[c.BOOTSTRAP_FORMAT_KEY] = b64(format.encode())
-    labels = {c.CLUSTER_NAME_LABEL: cluster} if cluster else {}
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "type": "cluster.x-k8s.io/secret",
-        "data": payload,
-    }
-
-
-def machine_obj(
-    name: str,
-    namespace: str,
-    *,
-    cluster: str,
-    infra_name: str,
-    bootstrap_secret: str | None,
-    failure_domain: str | None = None,
-    control_plane: bool = False,
-) -> Obj:
-    labels = {c.CLUSTER_NAME_LABEL: cluster}
-    if control_plane:
-        labels[c.CONTROL_PLANE_LABEL] = ""
-    bootstrap: dict[str, Any] = {}
-    if bootstrap_secret is not None:
-        bootstrap["dataSecretName"] = bootstrap_secret
-    else:
-        bootstrap["configRef"] = {
-            "apiGroup": "bootstrap.cluster.x-k8s.io",
-            "kind": "KubeadmConfig",
-            "name": name,
-        }
-    spec: dict[str, Any] = {
-        "clusterName": cluster,
-        "bootstrap": bootstrap,
-        "infrastructureRef": {
-            "apiGroup": c.GROUP,
-            "kind": c.Kind.LIBVIRT_MACHINE.value,
-            "name": infra_name,
-        },
-    }
-    if failure_domain is not None:
-        spec["failureDomain"] = failure_domain
-    return {
-        "apiVersion": c.CAPI_API_VERSION,
-        "kind": "Machine",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": spec,
-    }
-
-
-def libvirt_machine_spec(**overrides: Any) -> dict[str, Any]:
-    """A small TCG machine booting from the test base volume (test driver defaults)."""
-    spec: dict[str, Any] = {
-        "image": {"volume": BASE_VOLUME},
-        "cpus": 1,
-        "memoryMiB": 128,
-        "domainType": "qemu",
-    }
-    spec.update(overrides)
-    return spec
-
-
-def libvirt_machine_obj(
-    name: str,
-    namespace: str,
-    *,
-    cluster: str,
-    machine: Obj | None,
-    spec: Mapping[str, Any],
-    control_plane: bool = False,
-) -> Obj:
-    labels = {c.CLUSTER_NAME_LABEL: cluster}
-    if control_plane:
-        labels[c.CONTROL_PLANE_LABEL] = ""
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
-    if machine is not None:
-        metadata["ownerReferences"] = [owner_ref(machine, controller=True)]
-    return {
-        "apiVersion": c.API_VERSION,
-        "kind": c.Kind.LIBVIRT_MACHINE.value,
-        "metadata": metadata,
-        "spec": dict(spec),
-    }
 
 
 # --- the harness -----------------------------------------------------------------------------
@@ -366,6 +184,9 @@ class ControllerHarness:
     api: KubeClient
     hosts: LibvirtHosts
     namespace: str
+    # the test's own view of the hosts (its own connections): what the manager closes or
+    # forgets (a deleted cluster's hosts) stays open here, as for any other libvirt client
+    observer: LibvirtHosts = field(default_factory=LibvirtHosts)
     workload: KubeWorkloadClusters = field(default_factory=KubeWorkloadClusters)
     options: ManagerOptions | None = None
     manager: Manager = field(init=False)
@@ -495,28 +316,19 @@ class ControllerHarness:
         what: str = "",
     ) -> Obj:
         """Poll the API server until the object satisfies `predicate`; returns it."""
-        deadline = time.monotonic() + within
-        delay = 0.02
-        last: Obj | None = None
-        while True:
-            last = await self.get(resource, name)
-            if last is not None and predicate(last):
-                return last
-            if time.monotonic() > deadline:
-                status = (last or {}).get("status")
-                raise AssertionError(
-                    f"{resource.kind} {self.namespace}/{name} not {what or 'as expected'} "
-                    f"within {within:.0f}s; status: {status}"
-                )
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.25)
+        return await wait_for_object(
+            self.get,
+            resource,
+            name,
+            predicate,
+            namespace=self.namespace,
+            within=within,
+            what=what or "as expected",
+            interval=0.02,
+        )
 
     async def wait_gone(self, resource: Resource, name: str, *, within: float = 30.0) -> None:
-        deadline = time.monotonic() + within
-        while await self.get(resource, name) is not None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{resource.kind} {name} still exists after {within:.0f}s")
-            await asyncio.sleep(0.05)
+        await wait_for_absence(self.get, resource, name, within=within, interval=0.05)
 
     def writes(self, resource: Resource, name: str) -> dict[str, int]:
         """The manager client's write requests to one object: {"PATCH": n, "PATCH/status": m}."""
@@ -551,21 +363,16 @@ class ControllerHarness:
         `base_image`); `provisioned`: mark both provisioned, as the cluster controller would."""
         name = name or "c-" + secrets.token_hex(3)
         hosts = hosts or [{"name": "h1", "uri": TEST_DRIVER}]
-        cluster = await self.create(
-            CLUSTER, cluster_obj(name, self.namespace, libvirt_cluster=name, paused=paused)
-        )
-        lc = await self.create(
-            LIBVIRT_CLUSTER,
-            libvirt_cluster_obj(
-                name,
-                self.namespace,
-                cluster=cluster,
-                hosts=hosts,
-                cidr=cidr or random_cidr(),
-                mode=mode,
-                dns_domain=dns_domain,
-                pool_path=pool_path,
-            ),
+        cluster, lc = await create_cluster_objects(
+            self.create,
+            name,
+            self.namespace,
+            hosts=hosts,
+            cidr=cidr or random_cidr(),
+            mode=mode,
+            dns_domain=dns_domain,
+            pool_path=pool_path,
+            paused=paused,
         )
         objects = ClusterObjects(cluster, lc)
         if prepare:
@@ -593,7 +400,7 @@ class ControllerHarness:
         for entry in model.spec.hosts:
             if only is not None and entry.name not in only:
                 continue
-            host = self.hosts.get(uri=str(entry.uri))
+            host = self.observer.get(uri=str(entry.uri))
             prepared = _Prepared(str(entry.uri), owner, lay.network, lay.pool, objects.name)
             self._prepared.append(prepared)
             net = model.spec.network
@@ -643,39 +450,17 @@ class ControllerHarness:
     ) -> MachineObjects:
         """Bootstrap Secret (unless `bootstrap` is None) + Machine + LibvirtMachine owned by
         the Machine (unless `owned` is False)."""
-        name = name or "m-" + secrets.token_hex(3)
-        secret = None
-        secret_name = None
-        if bootstrap is not None:
-            secret_name = f"{name}-bootstrap"
-            secret = await self.create(
-                SECRET,
-                bootstrap_secret_obj(
-                    secret_name, self.namespace, data=bootstrap, format=format, cluster=cluster.name
-                ),
-            )
-        machine = await self.create(
-            MACHINE,
-            machine_obj(
-                name,
-                self.namespace,
-                cluster=cluster.name,
-                infra_name=name,
-                bootstrap_secret=secret_name,
-                failure_domain=failure_domain,
-                control_plane=control_plane,
-            ),
-        )
-        lm = await self.create(
-            LIBVIRT_MACHINE,
-            libvirt_machine_obj(
-                name,
-                self.namespace,
-                cluster=cluster.name,
-                machine=machine if owned else None,
-                spec=spec or libvirt_machine_spec(),
-                control_plane=control_plane,
-            ),
+        machine, lm, secret = await create_machine_objects(
+            self.create,
+            name or "m-" + secrets.token_hex(3),
+            self.namespace,
+            cluster=cluster.name,
+            spec=spec,
+            bootstrap=bootstrap,
+            format=format,
+            failure_domain=failure_domain,
+            control_plane=control_plane,
+            owned=owned,
         )
         return MachineObjects(machine, lm, secret)
 
@@ -689,12 +474,12 @@ class ControllerHarness:
     # -- libvirt -----------------------------------------------------------------------------
 
     def host(self, uri: str = TEST_DRIVER) -> Host:
-        return self.hosts.get(uri=uri)
+        return self.observer.get(uri=uri)
 
     async def cleanup_libvirt(self) -> None:
         """Remove every domain, volume, network and pool of the clusters prepared here."""
         for prepared in reversed(self._prepared):
-            host = self.hosts.get(uri=prepared.uri)
+            host = self.observer.get(uri=prepared.uri)
             with contextlib.suppress(Exception):
                 for info in await host.list_domains(cluster=prepared.cluster):
                     if info.owner is not None and info.owner.namespace == self.namespace:
@@ -718,7 +503,7 @@ async def leftovers(
     lay = layout(model)
     names = machine_names(namespace=harness.namespace, name=machine)
     hostname = machine_hostname(machine)
-    host = harness.hosts.get(uri=uri)
+    host = harness.observer.get(uri=uri)
     for info in await host.list_domains():
         if info.name == names.domain or (
             info.owner is not None
@@ -747,60 +532,6 @@ async def events_of(harness: ControllerHarness, name: str) -> list[tuple[str, st
         for e in listing.items
         if (e.get("involvedObject") or {}).get("name") == name
     ]
-
-
-class ImageServer:
-    """A loopback HTTP server for base images: `files[path] = bytes`, 404 otherwise."""
-
-    def __init__(self) -> None:
-        self.files: dict[str, bytes] = {}
-        self.requests: list[str] = []
-        self.base = ""
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests.append(request.path)
-        data = self.files.get(request.path)
-        if data is None:
-            return web.Response(status=404, text="not here")
-        return web.Response(body=data, content_type="application/octet-stream")
-
-    def url(self, path: str) -> str:
-        return self.base + path
-
-
-@pytest.fixture
-async def image_server() -> AsyncIterator[ImageServer]:
-    server = ImageServer()
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", server.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    server.base = f"http://127.0.0.1:{port}"
-    try:
-        yield server
-    finally:
-        await runner.cleanup()
-
-
-def qcow2_image(virtual_size: int = GIB, body: int = 4096) -> bytes:
-    """Bytes that look like a qcow2 image to the importer (header with the virtual size)."""
-    header = b"QFI\xfb" + struct.pack(">I", 3) + b"\0" * 16 + struct.pack(">Q", virtual_size)
-    return header + b"\x01" * body
-
-
-def is_ready(obj: Obj) -> bool:
-    return condition(obj, c.ConditionType.READY) == "True"
-
-
-def condition(obj: Obj, type_: str, field_: str = "status") -> str | None:
-    for cond in (obj.get("status") or {}).get("conditions") or ():
-        if cond.get("type") == type_:
-            value = cond.get(field_)
-            return None if value is None else str(value)
-    return None
 
 
 def domain_owner(obj: Obj) -> DomainOwner:
@@ -836,6 +567,7 @@ async def close_harness(harness: ControllerHarness) -> None:
         await harness.close()
     finally:
         await harness.hosts.close()
+        await harness.observer.close()
         await harness.client.close()
         await harness.api.close()
 

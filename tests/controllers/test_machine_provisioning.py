@@ -386,7 +386,11 @@ async def test_moved_object_adopts_its_domain(harness: ControllerHarness) -> Non
     assert moved["metadata"]["uid"] != obj["metadata"]["uid"]
 
     harness2 = ControllerHarness(
-        client=harness.client, api=harness.api, hosts=harness.hosts, namespace=harness.namespace
+        client=harness.client,
+        api=harness.api,
+        hosts=harness.hosts,
+        observer=harness.observer,
+        namespace=harness.namespace,
     )
     await harness2.start(SETUP)
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import secrets
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import libvirt
@@ -33,13 +32,6 @@ from capl.virt.errors import translate
 from tests.controllers.conftest import TEST_DRIVER, ControllerHarness
 
 SETUP = functools.partial(libvirtmachine.setup, options=libvirtmachine.MachineOptions())
-
-
-@pytest.fixture
-async def hosts() -> AsyncIterator[LibvirtHosts]:
-    registry = LibvirtHosts()
-    yield registry
-    await registry.close()
 
 
 async def test_find_domain_by_name(hosts: LibvirtHosts) -> None:

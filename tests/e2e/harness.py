@@ -84,14 +84,11 @@ import base64
 import contextlib
 import functools
 import ipaddress
-import json
 import os
 import secrets
-import shutil
 import socket
 import statistics
 import time
-import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,7 +116,16 @@ from capl.testbed import ControlPlane
 from capl.testbed.capi import CapiAssets, CapiCore, Clusterctl, LocalProvider
 from tests.fixtures.capi import new_clusterctl, record_timing
 from tests.fixtures.capl import CaplManager, CaplManagerFactory
-from tests.fixtures.libvirt import GuestMarker, parse_markers
+from tests.fixtures.common import eventually
+from tests.fixtures.libvirt import GuestMarker, ignition_config, parse_markers
+from tests.fixtures.libvirt_direct import (
+    NetworkFacts,
+    free_cidr,
+    owner_tag,
+    parse_network_xml,
+    sweep,
+)
+from tests.fixtures.objects import condition_of
 
 T = TypeVar("T")
 
@@ -133,18 +139,10 @@ CONTROL_PLANE_LABEL = "cluster.x-k8s.io/control-plane"
 CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
 DEPLOYMENT_NAME_LABEL = "cluster.x-k8s.io/deployment-name"
 CLONED_FROM_ANNOTATION = "cluster.x-k8s.io/cloned-from-name"
-CAPL_XMLNS = "https://capl.dev/xmlns/v1alpha1"
 GUEST_MEMORY_MIB = 256
 #: capl flags for e2e: a quick graceful shutdown (the test guest powers off in a second or
 #: two), the rest as shipped.
 CAPL_E2E_ARGS = ("--machine-shutdown-timeout=30s",)
-
-
-def _ignore_libvirt_errors(_ctx: object, _err: object) -> None:
-    """Tests read libvirt's exceptions; the default handler would also print them."""
-
-
-libvirt.registerErrorHandler(_ignore_libvirt_errors, None)
 
 
 # --- the run's report ------------------------------------------------------------------------
@@ -157,42 +155,8 @@ def report(line: str) -> None:
     REPORT.append(line)
 
 
-# --- waiting ---------------------------------------------------------------------------------
-
-
-async def wait_until(
-    probe: Callable[[], Awaitable[T | None]],
-    *,
-    within: float,
-    what: str,
-    interval: float = 0.5,
-    explain: Callable[[], Awaitable[str]] | None = None,
-) -> T:
-    """Poll `probe` until it returns something truthy; fail at the deadline saying `what`
-    (and what `explain` reports about the state then)."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            detail = await explain() if explain is not None else ""
-            raise AssertionError(
-                f"not within {within:.0f} s: {what}" + (f"\n{detail}" if detail else "")
-            )
-        await asyncio.sleep(interval)
-
-
-def condition(obj: Mapping[str, Any], type_: str) -> dict[str, Any] | None:
-    for cond in (obj.get("status") or {}).get("conditions") or ():
-        if cond.get("type") == type_:
-            return dict(cond)
-    return None
-
-
 def is_true(obj: Mapping[str, Any], type_: str) -> bool:
-    cond = condition(obj, type_)
-    return cond is not None and cond.get("status") == "True"
+    return condition_of(obj, type_).get("status") == "True"
 
 
 def internal_ip(obj: Mapping[str, Any]) -> str | None:
@@ -230,65 +194,6 @@ class DomainFacts:
     @property
     def running(self) -> bool:
         return bool(self.state == libvirt.VIR_DOMAIN_RUNNING)
-
-
-@dataclass(frozen=True)
-class DhcpHost:
-    mac: str
-    name: str
-    ip: str
-
-
-@dataclass(frozen=True)
-class DnsHost:
-    ip: str
-    hostnames: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class NetworkFacts:
-    name: str
-    active: bool
-    forward: str | None
-    """`<forward mode>` (None: isolated)."""
-    dhcp_hosts: tuple[DhcpHost, ...]
-    dns_hosts: tuple[DnsHost, ...]
-
-    def dhcp_names(self) -> set[str]:
-        return {h.name for h in self.dhcp_hosts}
-
-    def dns_names(self) -> dict[str, set[str]]:
-        """hostname -> the IPs it resolves to."""
-        out: dict[str, set[str]] = {}
-        for host in self.dns_hosts:
-            for name in host.hostnames:
-                out.setdefault(name, set()).add(host.ip)
-        return out
-
-
-def parse_network_xml(xml: str, *, active: bool) -> NetworkFacts:
-    root = ElementTree.fromstring(xml)
-    forward = root.find("forward")
-    dhcp = tuple(
-        DhcpHost(
-            mac=str(h.get("mac") or "").lower(), name=str(h.get("name") or ""), ip=str(h.get("ip"))
-        )
-        for h in root.findall("./ip/dhcp/host")
-    )
-    dns = tuple(
-        DnsHost(
-            ip=str(h.get("ip")),
-            hostnames=tuple(str(n.text or "").strip() for n in h.findall("hostname")),
-        )
-        for h in root.findall("./dns/host")
-    )
-    return NetworkFacts(
-        name=str(root.findtext("name") or ""),
-        active=active,
-        forward=None if forward is None else str(forward.get("mode") or "nat"),
-        dhcp_hosts=dhcp,
-        dns_hosts=dns,
-    )
 
 
 _CONNECTION_ERRORS = frozenset(
@@ -378,14 +283,6 @@ class LibvirtView:
     def _facts(self, dom: libvirt.virDomain) -> DomainFacts:
         state, _reason = dom.state()
         root = ElementTree.fromstring(dom.XMLDesc(0))
-        owner: dict[str, str] = {}
-        try:
-            meta = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, CAPL_XMLNS, 0)
-        except libvirt.libvirtError:
-            meta = ""
-        if meta:
-            for child in ElementTree.fromstring(meta):
-                owner[child.tag.rsplit("}", 1)[-1]] = (child.text or "").strip()
         return DomainFacts(
             name=dom.name(),
             uuid=dom.UUIDString().lower(),
@@ -394,7 +291,7 @@ class LibvirtView:
             memory_kib=int(root.findtext("memory") or 0),
             vcpus=int(root.findtext("vcpu") or 0),
             domain_type=str(root.get("type")),
-            owner=owner,
+            owner=owner_tag(root),
         )
 
     @_reconnecting
@@ -447,38 +344,9 @@ class LibvirtView:
             return []
 
     @_reconnecting
-    def used_subnets(self) -> list[ipaddress.IPv4Network]:
-        """IPv4 subnets of every libvirt network and every host interface."""
-        nets: list[ipaddress.IPv4Network] = []
-        for net in self.conn.listAllNetworks(0):
-            with contextlib.suppress(libvirt.libvirtError, ValueError):
-                root = ElementTree.fromstring(net.XMLDesc(0))
-                for ip in root.findall("ip"):
-                    address, prefix = ip.get("address"), ip.get("prefix")
-                    netmask = ip.get("netmask")
-                    if address and (prefix or netmask):
-                        iface = ipaddress.IPv4Interface(f"{address}/{prefix or netmask}")
-                        nets.append(iface.network)
-        with contextlib.suppress(OSError):
-            for line in Path("/proc/net/route").read_text().splitlines()[1:]:
-                parts = line.split()
-                if len(parts) >= 8:
-                    dest = ipaddress.IPv4Address(int(parts[1], 16).to_bytes(4, "little"))
-                    mask = ipaddress.IPv4Address(int(parts[7], 16).to_bytes(4, "little"))
-                    if int(mask):
-                        nets.append(ipaddress.IPv4Network(f"{dest}/{mask}", strict=False))
-        return nets
-
     def free_cidr(self) -> str:
-        """A random /24 in 10.0.0.0/8 that no libvirt network or host route uses."""
-        used = self.used_subnets()
-        for _ in range(200):
-            candidate = ipaddress.IPv4Network(
-                f"10.{secrets.randbelow(250) + 3}.{secrets.randbelow(256)}.0/24"
-            )
-            if not any(candidate.overlaps(u) for u in used):
-                return str(candidate)
-        raise RuntimeError("no free /24 in 10.0.0.0/8 for a test network")
+        """A random /24 in 10.0.0.0/8 that no libvirt network, address or route uses."""
+        return free_cidr(conn=self.conn)
 
     @_reconnecting
     def force_cleanup(
@@ -486,46 +354,7 @@ class LibvirtView:
     ) -> list[str]:
         """Remove what a test left: domains named `domain_prefix...`, the pool (volumes,
         directory) and the network. Returns what it removed (empty when all was clean)."""
-        removed: list[str] = []
-        flags = (
-            libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
-            | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
-            | libvirt.VIR_DOMAIN_UNDEFINE_NVRAM
-        )
-        for dom in self.conn.listAllDomains(0):
-            with contextlib.suppress(libvirt.libvirtError):
-                if not dom.name().startswith(domain_prefix):
-                    continue
-                if dom.isActive():
-                    dom.destroy()
-                dom.undefineFlags(flags)
-                removed.append(f"domain {dom.name()}")
-        if pool:
-            with contextlib.suppress(libvirt.libvirtError):
-                handle = self.conn.storagePoolLookupByName(pool)
-                path = ElementTree.fromstring(handle.XMLDesc(0)).findtext("./target/path")
-                if not handle.isActive():
-                    handle.create(0)
-                handle.refresh(0)
-                for vol in handle.listAllVolumes(0):
-                    with contextlib.suppress(libvirt.libvirtError):
-                        vol.delete(0)
-                with contextlib.suppress(libvirt.libvirtError):
-                    handle.destroy()
-                with contextlib.suppress(libvirt.libvirtError):
-                    handle.delete(0)
-                handle.undefine()
-                removed.append(f"pool {pool}")
-                if path and Path(path).name == pool:
-                    shutil.rmtree(path, ignore_errors=True)
-        if network:
-            with contextlib.suppress(libvirt.libvirtError):
-                net = self.conn.networkLookupByName(network)
-                if net.isActive():
-                    net.destroy()
-                net.undefine()
-                removed.append(f"network {network}")
-        return removed
+        return sweep(self.conn, domain_prefix=domain_prefix, network=network, pool=pool)
 
 
 def resolve_a(server: str, name: str, *, timeout: float = 2.0) -> set[str]:
@@ -639,30 +468,6 @@ async def start_management(
 
 
 # --- guests and the stand-in kubelet ---------------------------------------------------------
-
-
-def ignition_config(
-    *, hostname: str | None = None, files: Mapping[str, str] | None = None
-) -> bytes:
-    """An Ignition v3 config writing /etc/hostname (when given) and `files`."""
-    entries = dict(files or {})
-    if hostname is not None:
-        entries["/etc/hostname"] = hostname + "\n"
-    config = {
-        "ignition": {"version": "3.4.0"},
-        "storage": {
-            "files": [
-                {
-                    "path": path,
-                    "mode": 0o644,
-                    "overwrite": True,
-                    "contents": {"source": "data:," + urllib.parse.quote(text, safe="")},
-                }
-                for path, text in entries.items()
-            ]
-        },
-    }
-    return json.dumps(config).encode()
 
 
 @dataclass
@@ -1045,7 +850,7 @@ class WorkloadCluster:
                     return None
             return machines
 
-        return await wait_until(
+        return await eventually(
             probe,
             within=within,
             what=f"{count} Machines of {deployment or self.name} Running",
@@ -1059,7 +864,7 @@ class WorkloadCluster:
         async def probe() -> bool:
             return not await self.machines(deployment)
 
-        await wait_until(
+        await eventually(
             probe, within=within, what=f"no Machines of {deployment}", explain=self.explain
         )
 
@@ -1076,7 +881,7 @@ class WorkloadCluster:
                     f"deleting={bool((m.get('metadata') or {}).get('deletionTimestamp'))}"
                 )
             for lm in await self.objects(LIBVIRT_MACHINE):
-                ready = condition(lm, "Ready") or {}
+                ready = condition_of(lm, "Ready")
                 lines.append(
                     f"LibvirtMachine {name_of(lm)}: Ready={ready.get('status')} "
                     f"{ready.get('reason')} {str(ready.get('message'))[:200]}"
@@ -1190,18 +995,85 @@ async def create_workload_cluster(
     serves the cluster from then on (it creates `<name>-kubeconfig` pointing at
     `workload_plane` when the control-plane Node is up)."""
     try:
-        return await _create_workload_cluster(
-            management,
+        plane = management.plane
+        cidr = view.free_cidr()
+        await plane.kubectl("create", "namespace", namespace)
+        manifest = await management.clusterctl.generate_cluster(
+            name,
+            kubeconfig=plane.kubeconfig,
+            flavor=FLAVOR,
+            target_namespace=namespace,
+            kubernetes_version=KUBERNETES_VERSION,
+            worker_machine_count=ignition_workers,
+            variables={
+                "LIBVIRT_URI": uri,
+                "LIBVIRT_NETWORK_CIDR": cidr,
+                "LIBVIRT_IMAGE_PATH": str(guest_image),
+                "LIBVIRT_DOMAIN_TYPE": "qemu",
+                "LIBVIRT_CPUS": "1",
+                "LIBVIRT_MEMORY_MIB": str(GUEST_MEMORY_MIB),
+                "LIBVIRT_CLOUD_CONFIG_WORKER_MACHINE_COUNT": str(cloud_config_workers),
+            },
+        )
+        await plane.kubectl(
+            "apply", "--server-side", "--field-manager=capl-e2e", "-f", "-",
+            stdin=manifest.encode(),
+        )  # fmt: skip
+        api = management.api
+        cluster = await api.resource(CLUSTER).get(ObjectKey(namespace, name))
+        lcluster = await api.resource(LIBVIRT_CLUSTER).get(ObjectKey(namespace, name))
+        spec = lcluster["spec"]
+        # capl's mutating webhook filled in the derived names
+        network, pool = spec["network"]["name"], spec["storagePool"]["name"]
+        tokens = [secrets.token_hex(12) for _ in range(3)]
+        bootstrap = {
+            f"{name}-bootstrap-control-plane": (
+                ignition_config(
+                    hostname=f"{name}-control-plane-0",
+                    files={"/etc/capl-e2e-token": tokens[0] + "\n"},
+                ),
+                "ignition",
+            ),
+            f"{name}-bootstrap-ignition": (
+                ignition_config(files={"/etc/capl-e2e-token": tokens[1] + "\n"}),
+                "ignition",
+            ),
+            f"{name}-bootstrap-cloud-config": (
+                f"#cloud-config\nwrite_files:\n  - path: /etc/capl-e2e-token\n"
+                f"    content: {tokens[2]}\n".encode(),
+                "cloud-config",
+            ),
+        }
+        for secret_name, (data, fmt) in bootstrap.items():
+            await api.resource(SECRET).create(
+                bootstrap_secret(
+                    namespace=namespace, name=secret_name, cluster=cluster, data=data, fmt=fmt
+                )
+            )
+        workload = WorkloadCluster(
             namespace=namespace,
             name=name,
+            management=management,
             view=view,
             kubelet=kubelet,
-            workload_plane=workload_plane,
-            guest_image=guest_image,
-            uri=uri,
-            ignition_workers=ignition_workers,
-            cloud_config_workers=cloud_config_workers,
+            network=network,
+            pool=pool,
+            pool_path=Path(spec["storagePool"]["path"]),
+            dns_domain=spec["network"]["dnsDomain"],
+            cidr=cidr,
+            secrets={k: v[0] for k, v in bootstrap.items()},
+            tokens=tokens,
         )
+        kubelet.watch(
+            namespace=namespace,
+            name=name,
+            pool_path=workload.pool_path,
+            network=network,
+            control_plane_machines=[workload.control_plane_machine],
+            kubeconfig=workload_plane.kubeconfig.read_bytes(),
+            management=api,
+        )
+        return workload
     except BaseException:
         # the module cannot go on: stop capl (it would recreate what is removed under it)
         # and remove what it may have made, by the names the defaults derive
@@ -1210,100 +1082,6 @@ async def create_workload_cluster(
         derived = derived_name(namespace=namespace, name=name)
         view.force_cleanup(domain_prefix=f"capl-{namespace}-", network=derived, pool=derived)
         raise
-
-
-async def _create_workload_cluster(
-    management: Management,
-    *,
-    namespace: str,
-    name: str,
-    view: LibvirtView,
-    kubelet: KubeletStandIn,
-    workload_plane: ControlPlane,
-    guest_image: Path,
-    uri: str,
-    ignition_workers: int,
-    cloud_config_workers: int,
-) -> WorkloadCluster:
-    plane = management.plane
-    cidr = view.free_cidr()
-    await plane.kubectl("create", "namespace", namespace)
-    manifest = await management.clusterctl.generate_cluster(
-        name,
-        kubeconfig=plane.kubeconfig,
-        flavor=FLAVOR,
-        target_namespace=namespace,
-        kubernetes_version=KUBERNETES_VERSION,
-        worker_machine_count=ignition_workers,
-        variables={
-            "LIBVIRT_URI": uri,
-            "LIBVIRT_NETWORK_CIDR": cidr,
-            "LIBVIRT_IMAGE_PATH": str(guest_image),
-            "LIBVIRT_DOMAIN_TYPE": "qemu",
-            "LIBVIRT_CPUS": "1",
-            "LIBVIRT_MEMORY_MIB": str(GUEST_MEMORY_MIB),
-            "LIBVIRT_CLOUD_CONFIG_WORKER_MACHINE_COUNT": str(cloud_config_workers),
-        },
-    )
-    await plane.kubectl(
-        "apply", "--server-side", "--field-manager=capl-e2e", "-f", "-",
-        stdin=manifest.encode(),
-    )  # fmt: skip
-    api = management.api
-    cluster = await api.resource(CLUSTER).get(ObjectKey(namespace, name))
-    lcluster = await api.resource(LIBVIRT_CLUSTER).get(ObjectKey(namespace, name))
-    spec = lcluster["spec"]
-    # capl's mutating webhook filled in the derived names
-    network, pool = spec["network"]["name"], spec["storagePool"]["name"]
-    tokens = [secrets.token_hex(12) for _ in range(3)]
-    bootstrap = {
-        f"{name}-bootstrap-control-plane": (
-            ignition_config(
-                hostname=f"{name}-control-plane-0",
-                files={"/etc/capl-e2e-token": tokens[0] + "\n"},
-            ),
-            "ignition",
-        ),
-        f"{name}-bootstrap-ignition": (
-            ignition_config(files={"/etc/capl-e2e-token": tokens[1] + "\n"}),
-            "ignition",
-        ),
-        f"{name}-bootstrap-cloud-config": (
-            f"#cloud-config\nwrite_files:\n  - path: /etc/capl-e2e-token\n"
-            f"    content: {tokens[2]}\n".encode(),
-            "cloud-config",
-        ),
-    }
-    for secret_name, (data, fmt) in bootstrap.items():
-        await api.resource(SECRET).create(
-            bootstrap_secret(
-                namespace=namespace, name=secret_name, cluster=cluster, data=data, fmt=fmt
-            )
-        )
-    workload = WorkloadCluster(
-        namespace=namespace,
-        name=name,
-        management=management,
-        view=view,
-        kubelet=kubelet,
-        network=network,
-        pool=pool,
-        pool_path=Path(spec["storagePool"]["path"]),
-        dns_domain=spec["network"]["dnsDomain"],
-        cidr=cidr,
-        secrets={k: v[0] for k, v in bootstrap.items()},
-        tokens=tokens,
-    )
-    kubelet.watch(
-        namespace=namespace,
-        name=name,
-        pool_path=workload.pool_path,
-        network=network,
-        control_plane_machines=[workload.control_plane_machine],
-        kubeconfig=workload_plane.kubeconfig.read_bytes(),
-        management=api,
-    )
-    return workload
 
 
 async def delete_cluster(workload: WorkloadCluster, *, within: float = 240.0) -> float:
@@ -1315,7 +1093,7 @@ async def delete_cluster(workload: WorkloadCluster, *, within: float = 240.0) ->
     async def gone() -> bool:
         return await workload.get(CLUSTER, workload.name) is None
 
-    await wait_until(
+    await eventually(
         gone, within=within, what=f"Cluster {workload.name} deleted", explain=workload.explain
     )
     return time.monotonic() - t0

@@ -9,9 +9,7 @@ Cluster API anywhere.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,7 +20,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from capl.testbed import AssetsMissing, ControlPlane, ProcessFailed, find_assets
 from capl.testbed.capi import CapiAssets, CapiCore, CapiError, Clusterctl
 from tests.fixtures.capi import record_timing
-from tests.fixtures.common import require_part
+from tests.fixtures.common import eventually, require_part
+from tests.fixtures.objects import condition_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.apiserver]
 
@@ -32,27 +31,6 @@ CLUSTER_FINALIZER = "cluster.cluster.x-k8s.io"
 MERGE_PATCH = "application/merge-patch+json"
 
 T = TypeVar("T")
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T | None]], *, what: str, within: float = 60.0
-) -> T:
-    """Poll `probe` until it returns something other than None/False; fail at the deadline."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within:g} s: {what}")
-        await asyncio.sleep(0.2)
-
-
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    for c in obj.get("status", {}).get("conditions") or []:
-        if c.get("type") == type_:
-            return dict(c)
-    return None
 
 
 def libvirt_cluster(name: str) -> dict[str, Any]:
@@ -124,21 +102,22 @@ async def test_cluster_controller_adopts_and_follows_the_libvirt_cluster(
             return c, lc
         return None
 
-    c, lc = await eventually(adopted, what="Cluster finalizer and LibvirtCluster owner reference")
+    c, lc = await eventually(
+        adopted, within=60, what="Cluster finalizer and LibvirtCluster owner reference"
+    )
     record_timing("CAPI core: Cluster adopted (finalizer + ownerRef)", time.monotonic() - t0)
     assert lc["metadata"]["labels"]["cluster.x-k8s.io/cluster-name"] == name
 
     async def provisioning() -> dict[str, Any] | None:
         c = await get(CAPI)
-        infra = condition(c or {}, "InfrastructureReady")
+        infra = condition_of(c or {}, "InfrastructureReady")
         if c and c.get("status", {}).get("phase") == "Provisioning" and infra:
             return c
         return None
 
-    c = await eventually(provisioning, what="Cluster phase Provisioning")
-    infra_ready = condition(c, "InfrastructureReady")
-    assert infra_ready is not None
-    assert infra_ready["status"] == "False"
+    c = await eventually(provisioning, within=60, what="Cluster phase Provisioning")
+    infra_ready = condition_of(c, "InfrastructureReady")
+    assert infra_ready.get("status") == "False", infra_ready
     assert not c["status"].get("initialization", {}).get("infrastructureProvisioned")
 
     # 2. Play the provider: endpoint in spec, provisioned + failure domains in status
@@ -169,16 +148,15 @@ async def test_cluster_controller_adopts_and_follows_the_libvirt_cluster(
         return None
 
     c = await eventually(
-        provisioned, what="Cluster status.initialization.infrastructureProvisioned"
+        provisioned, within=60, what="Cluster status.initialization.infrastructureProvisioned"
     )
     record_timing("CAPI core: infrastructure provisioned -> Cluster", time.monotonic() - t1)
     assert c["spec"]["controlPlaneEndpoint"] == {"host": "192.168.150.10", "port": 6443}
     domains = {d["name"]: d for d in c["status"].get("failureDomains") or []}
     assert domains["host0"]["controlPlane"] is True
     assert domains["host0"]["attributes"] == {"cpus": "2"}
-    ready = condition(c, "InfrastructureReady")
-    assert ready is not None
-    assert ready["status"] == "True"
+    ready = condition_of(c, "InfrastructureReady")
+    assert ready.get("status") == "True", ready
     assert c["status"]["phase"] == "Provisioned"
 
     # 3. Deleting the Cluster deletes the LibvirtCluster, then releases the Cluster.
@@ -188,7 +166,7 @@ async def test_cluster_controller_adopts_and_follows_the_libvirt_cluster(
     async def both_gone() -> bool:
         return await get(INFRA) is None and await get(CAPI) is None
 
-    await eventually(both_gone, what="LibvirtCluster and Cluster deleted")
+    await eventually(both_gone, within=60, what="LibvirtCluster and Cluster deleted")
     record_timing("CAPI core: Cluster deletion incl. LibvirtCluster", time.monotonic() - t2)
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -61,23 +61,25 @@ from tests.e2e.harness import (
     name_of,
     start_management,
     teardown_cluster,
-    wait_until,
 )
 from tests.fixtures.capi import ControlPlaneFactory, record_timing
 from tests.fixtures.capl import CaplManagerFactory
+from tests.fixtures.common import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
 
 BOOT = 240.0
-CLUSTER_KINDS: tuple[Resource, ...] = (
+LIVE_KINDS: tuple[Resource, ...] = (
     CLUSTER,
     MACHINE,
     MACHINE_SET,
     MACHINE_DEPLOYMENT,
     LIBVIRT_CLUSTER,
     LIBVIRT_MACHINE,
-    LIBVIRT_MACHINE_TEMPLATE,
 )
+"""What a Cluster deletion removes (no garbage collector here: templates and Secrets owned by
+the Cluster stay)."""
+CLUSTER_KINDS: tuple[Resource, ...] = (*LIVE_KINDS, LIBVIRT_MACHINE_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -113,13 +115,6 @@ async def workload_plane(control_plane_factory: ControlPlaneFactory) -> ControlP
     plane = await control_plane_factory()
     record_timing("move: the workload cluster's API server", time.monotonic() - t0)
     return plane
-
-
-@pytest.fixture(scope="module")
-def view(libvirtd_uri: str) -> Iterator[LibvirtView]:
-    libvirt_view = LibvirtView(libvirtd_uri)
-    yield libvirt_view
-    libvirt_view.close()
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +190,7 @@ async def test_clusterctl_move_hands_the_running_domains_to_the_target(
         md = await cluster.get(MACHINE_DEPLOYMENT, cluster.md_ignition)
         return ((md or {}).get("status") or {}).get("availableReplicas") == 1
 
-    await wait_until(available, within=60, what="the worker available on the source")
+    await eventually(available, within=60, what="the worker available on the source")
     before_domains = fingerprint(cluster.domains())
     assert set(before_domains) == {cluster.domain_of(m) for m in machines}
     before_volumes = cluster.view.volumes(cluster.pool)
@@ -249,7 +244,7 @@ async def test_clusterctl_move_hands_the_running_domains_to_the_target(
             return None
         return lms
 
-    lms = await wait_until(
+    lms = await eventually(
         settled, within=180, what="the moved cluster Running on the target", explain=cluster.explain
     )
     record_timing("move: target capl + Cluster API re-adopt the cluster", time.monotonic() - t1)
@@ -289,16 +284,7 @@ async def test_clusterctl_move_hands_the_running_domains_to_the_target(
 
     took = await delete_cluster(cluster)
     record_timing("move: Cluster deletion on the target", took)
-    # (no garbage collector here: templates and Secrets owned by the Cluster stay)
-    live_kinds = (
-        CLUSTER,
-        MACHINE,
-        MACHINE_SET,
-        MACHINE_DEPLOYMENT,
-        LIBVIRT_CLUSTER,
-        LIBVIRT_MACHINE,
-    )
-    assert await left_on(target.api, ns, name, live_kinds) == []
+    assert await left_on(target.api, ns, name, LIVE_KINDS) == []
     assert cluster.domains() == {}
     assert not cluster.view.pool_exists(cluster.pool)
     assert cluster.network_facts() is None

@@ -28,7 +28,7 @@ import ipaddress
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,6 @@ from tests.e2e.harness import (
     LibvirtView,
     Management,
     WorkloadCluster,
-    condition,
     create_workload_cluster,
     delete_cluster,
     guest_summary,
@@ -68,10 +67,11 @@ from tests.e2e.harness import (
     resolve_a,
     start_management,
     teardown_cluster,
-    wait_until,
 )
 from tests.fixtures.capi import ControlPlaneFactory, record_timing
 from tests.fixtures.capl import CaplManagerFactory
+from tests.fixtures.common import eventually
+from tests.fixtures.objects import condition_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
 
@@ -100,13 +100,6 @@ async def management(
         yield mgmt
     finally:
         await mgmt.close()
-
-
-@pytest.fixture(scope="module")
-def view(libvirtd_uri: str) -> Iterator[LibvirtView]:
-    libvirt_view = LibvirtView(libvirtd_uri)
-    yield libvirt_view
-    libvirt_view.close()
 
 
 @pytest.fixture(scope="module")
@@ -300,10 +293,10 @@ async def test_workload_cluster_of_real_guests_runs(
         obj = await cluster.get(CLUSTER, cluster.name)
         return obj if obj is not None and is_true(obj, "ControlPlaneInitialized") else None
 
-    obj = await wait_until(initialized, within=60, what="Cluster ControlPlaneInitialized")
+    obj = await eventually(initialized, within=60, what="Cluster ControlPlaneInitialized")
     assert obj["status"]["phase"] == "Provisioned"
-    assert is_true(obj, "InfrastructureReady"), condition(obj, "InfrastructureReady")
-    assert is_true(obj, "ControlPlaneInitialized"), condition(obj, "ControlPlaneInitialized")
+    assert is_true(obj, "InfrastructureReady"), condition_of(obj, "InfrastructureReady")
+    assert is_true(obj, "ControlPlaneInitialized"), condition_of(obj, "ControlPlaneInitialized")
     # status.initialization.controlPlaneInitialized is only ever set from a controlPlaneRef;
     # for stand-alone control-plane Machines the condition is the signal (clusterctl move
     # checks the same)
@@ -323,26 +316,18 @@ async def test_workload_cluster_of_real_guests_runs(
     assert len(by_md[cluster.md_ignition]) == len(by_md[cluster.md_cloud_config]) == 1
     assert "cluster.x-k8s.io/control-plane" in machines[cp]["metadata"]["labels"]
 
-    cp_guest = await assert_machine_consistent(
-        cluster,
-        machines[cp],
-        bootstrap_secret=f"{cluster.name}-bootstrap-control-plane",
-        fmt="ignition",
-    )
     ign = by_md[cluster.md_ignition][0]
-    ign_guest = await assert_machine_consistent(
-        cluster,
-        machines[ign],
-        bootstrap_secret=f"{cluster.name}-bootstrap-ignition",
-        fmt="ignition",
-    )
     cc = by_md[cluster.md_cloud_config][0]
-    cc_guest = await assert_machine_consistent(
-        cluster,
-        machines[cc],
-        bootstrap_secret=f"{cluster.name}-bootstrap-cloud-config",
-        fmt="cloud-config",
-    )
+    cp_guest, ign_guest, cc_guest = [
+        await assert_machine_consistent(
+            cluster, machines[name], bootstrap_secret=f"{cluster.name}-bootstrap-{data}", fmt=fmt
+        )
+        for name, data, fmt in (
+            (cp, "control-plane", "ignition"),
+            (ign, "ignition", "ignition"),
+            (cc, "cloud-config", "cloud-config"),
+        )
+    ]
     # node names: the control plane's from its Ignition hostname, the shared Ignition
     # config sets none (DHCP name), cloud-init's from capl's meta-data
     assert cp_guest.hostname == cp
@@ -363,7 +348,7 @@ async def test_workload_cluster_of_real_guests_runs(
     async def endpoint_resolves() -> bool:
         return all(resolve_a(gateway, n) == {cp_guest.ip} for n in api_names)
 
-    await wait_until(
+    await eventually(
         endpoint_resolves, within=60, what=f"{api_names} resolve to {cp_guest.ip} at {gateway}"
     )
     assert resolve_a(gateway, f"{ign}.{cluster.dns_domain}") == {ign_guest.ip}
@@ -385,10 +370,10 @@ async def test_workload_cluster_of_real_guests_runs(
                 return False
         return True
 
-    await wait_until(available, within=60, what="both MachineDeployments 1/1 available")
+    await eventually(available, within=60, what="both MachineDeployments 1/1 available")
     for m in (await cluster.machines()).values():
         for type_ in ("Ready", "Available", "NodeHealthy", "InfrastructureReady"):
-            assert is_true(m, type_), (name_of(m), condition(m, type_))
+            assert is_true(m, type_), (name_of(m), condition_of(m, type_))
     assert kubelet.errors == []
 
 
@@ -500,7 +485,7 @@ async def test_rolling_update_replaces_every_worker(
             return None
         return machines
 
-    new = await wait_until(
+    new = await eventually(
         rolled_out, within=1.5 * BOOT, what="every worker replaced", explain=explain_rollout
     )
     record_timing(
@@ -558,7 +543,7 @@ async def test_machine_health_check_remediates_a_dead_worker(
         status = (mhc or {}).get("status") or {}
         return status.get("expectedMachines") == 2 and status.get("currentHealthy") == 2
 
-    await wait_until(watching, within=120, what="the MachineHealthCheck sees 2 healthy workers")
+    await eventually(watching, within=120, what="the MachineHealthCheck sees 2 healthy workers")
 
     victim, survivor = sorted(machines)
     victim_domain = cluster.domain_of(victim)
@@ -583,7 +568,7 @@ async def test_machine_health_check_remediates_a_dead_worker(
             restarted.append(time.monotonic() - t0)
         current = await cluster.machines(md)
         if victim in current:
-            health = condition(current[victim], "HealthCheckSucceeded")
+            health = condition_of(current[victim], "HealthCheckSucceeded")
             if health is not None and health.get("status") == "False":
                 seen.add(str(health.get("reason")))
             return None
@@ -593,7 +578,7 @@ async def test_machine_health_check_remediates_a_dead_worker(
             return None
         return current
 
-    after = await wait_until(
+    after = await eventually(
         remediated,
         within=2 * BOOT,
         what=f"{victim} remediated and replaced",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import pytest
@@ -16,20 +16,9 @@ from capl.runtime.errors import AlreadyExists, Conflict, Gone, Invalid, NotFound
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import CONFIG_MAP, NAMESPACE
 from capl.testbed import ControlPlane
-from tests.fixtures.runtime import TOY, ensure_toy_crd, toy
+from tests.fixtures.runtime import TOY, toy
 
 pytestmark = pytest.mark.apiserver
-
-
-@pytest.fixture
-async def kube(control_plane: ControlPlane) -> AsyncIterator[KubeClient]:
-    await control_plane.ensure_running()
-    client = await KubeClient.connect(str(control_plane.kubeconfig), track_objects=True)
-    try:
-        await ensure_toy_crd(client)
-        yield client
-    finally:
-        await client.close()
 
 
 async def test_verbs_and_typed_errors(kube: KubeClient, namespace: str) -> None:

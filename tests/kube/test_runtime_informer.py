@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -18,7 +18,7 @@ from capl.runtime.errors import TransportError
 from capl.runtime.informer import FuncHandler, Informer, InformerOptions
 from capl.runtime.objects import Obj, ObjectKey
 from capl.testbed import ControlPlane
-from tests.fixtures.runtime import TOY, ensure_toy_crd, eventually, toy
+from tests.fixtures.runtime import TOY, eventually, toy
 
 pytestmark = pytest.mark.apiserver
 
@@ -66,17 +66,6 @@ class HoldableWatches:
                     return
                 if not self.held:
                     yield event
-
-
-@pytest.fixture
-async def kube(control_plane: ControlPlane) -> AsyncIterator[KubeClient]:
-    await control_plane.ensure_running()
-    client = await KubeClient.connect(str(control_plane.kubeconfig))
-    try:
-        await ensure_toy_crd(client)
-        yield client
-    finally:
-        await client.close()
 
 
 class Deltas:

@@ -7,7 +7,6 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,22 +19,11 @@ from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import LEASE
 from capl.testbed import ControlPlane
 from capl.testbed.process import ManagedProcess
-from tests.fixtures.runtime import TOY, ToyReconciler, ensure_toy_crd, eventually, toy
+from tests.fixtures.runtime import TOY, ToyReconciler, eventually, toy
 
 pytestmark = pytest.mark.apiserver
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-async def kube(control_plane: ControlPlane) -> AsyncIterator[KubeClient]:
-    await control_plane.ensure_running()
-    client = await KubeClient.connect(str(control_plane.kubeconfig))
-    try:
-        await ensure_toy_crd(client)
-        yield client
-    finally:
-        await client.close()
 
 
 async def holder(kube: KubeClient, namespace: str, name: str) -> str:

@@ -4,7 +4,6 @@ one status patch each, no writes on a resync with nothing to do; probes and metr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -12,23 +11,11 @@ import pytest
 from capl.kube import KubeClient
 from capl.runtime.manager import Manager, ManagerOptions
 from capl.runtime.objects import ObjectKey
-from capl.testbed import ControlPlane
-from tests.fixtures.runtime import TOY, ToyReconciler, ensure_toy_crd, eventually, toy
+from tests.fixtures.runtime import TOY, ToyReconciler, eventually, toy
 
 pytestmark = pytest.mark.apiserver
 
 N = 1000
-
-
-@pytest.fixture
-async def kube(control_plane: ControlPlane) -> AsyncIterator[KubeClient]:
-    await control_plane.ensure_running()
-    client = await KubeClient.connect(str(control_plane.kubeconfig), track_objects=True)
-    try:
-        await ensure_toy_crd(client)
-        yield client
-    finally:
-        await client.close()
 
 
 async def create_many(kube: KubeClient, namespace: str, n: int) -> None:

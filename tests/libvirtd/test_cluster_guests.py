@@ -21,7 +21,7 @@ from capl.api import constants as c
 from capl.controllers import libvirtmachine
 from capl.runtime.objects import ObjectKey, get_path
 from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, LIBVIRT_MACHINE
-from tests.controllers.conftest import ControllerHarness, capi_crds, harness
+from tests.controllers.conftest import ControllerHarness, harness
 from tests.controllers.test_cluster_support import (
     SETUP,
     condition_of,
@@ -37,7 +37,7 @@ from tests.fixtures.libvirt import record_timing
 from tests.fixtures.runtime import eventually
 from tests.libvirtd.test_cluster_real import URI, resolves_to
 
-__all__ = ["capi_crds", "harness"]  # fixtures used by this module
+__all__ = ["harness"]  # fixtures used by this module
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
 

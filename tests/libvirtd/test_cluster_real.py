@@ -24,7 +24,7 @@ import pytest
 from capl.api import constants as c
 from capl.runtime.objects import get_path
 from capl.runtime.resources import LIBVIRT_CLUSTER
-from tests.controllers.conftest import ControllerHarness, capi_crds, harness
+from tests.controllers.conftest import ControllerHarness, harness
 from tests.controllers.test_cluster_support import (
     cached,
     clusters,
@@ -40,7 +40,7 @@ from tests.controllers.test_cluster_support import (
 )
 from tests.fixtures.libvirt import LibvirtBed
 
-__all__ = ["capi_crds", "clusters", "harness"]  # fixtures used by this module
+__all__ = ["clusters", "harness"]  # fixtures used by this module
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd]
 

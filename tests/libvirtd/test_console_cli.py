@@ -107,6 +107,32 @@ def terminal(*args: str) -> Iterator[Terminal]:
         term.close()
 
 
+def console(
+    machine: str, namespace: str, kubeconfig: Path, *extra: str
+) -> contextlib.AbstractContextManager[Terminal]:
+    """`capl console <machine> -n <namespace> --kubeconfig <file> [extra]` in a terminal."""
+    return terminal("console", machine, "-n", namespace, "--kubeconfig", str(kubeconfig), *extra)
+
+
+async def console_without_terminal(
+    machine: str, namespace: str, kubeconfig: Path
+) -> tuple[int | None, str]:
+    """`capl console` with stdin not a terminal, for the ways it refuses: (status, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        CAPL,
+        "console",
+        machine,
+        "-n",
+        namespace,
+        "--kubeconfig",
+        str(kubeconfig),
+        stdin=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, err.decode()
+
+
 async def create_objects(
     api_client: client.ApiClient,
     namespace: str,
@@ -151,7 +177,7 @@ async def create_objects(
 
 def _interactive_session(namespace: str, kubeconfig: Path, guest_uuid: str) -> dict[str, Any]:
     timings: dict[str, Any] = {}
-    with terminal("console", "vm-0", "-n", namespace, "--kubeconfig", str(kubeconfig)) as term:
+    with console("vm-0", namespace, kubeconfig) as term:
         t0 = time.monotonic()
         banner = (
             f"Connected to {namespace}/vm-0 (domain {guest_uuid} on local). Escape character is ^]"
@@ -197,7 +223,7 @@ async def test_console_reaches_the_guest_shell_and_leaves_with_ctrl_bracket(
 
     # the console is free again: a second session works (the stream was released)
     def second() -> bytes:
-        with terminal("console", "vm-0", "-n", namespace, "--kubeconfig", str(kubeconfig)) as t:
+        with console("vm-0", namespace, kubeconfig) as t:
             t.read_until(b"Escape character is ^]")
             t.send(b"\r")
             t.read_until(b":/# ")
@@ -211,26 +237,13 @@ async def test_console_reaches_the_guest_shell_and_leaves_with_ctrl_bracket(
     holder = libvirt_bed.conn.newStream(libvirt.VIR_STREAM_NONBLOCK)
     guest.domain.openConsole(None, holder, 0)
     try:
-        proc = await asyncio.create_subprocess_exec(
-            CAPL,
-            "console",
-            "vm-0",
-            "-n",
-            namespace,
-            "--kubeconfig",
-            str(kubeconfig),
-            stdin=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        _, err = await asyncio.wait_for(proc.communicate(), 60)
-        assert proc.returncode == 1
-        assert "is in use by another client" in err.decode()
-        assert "--force" in err.decode()
+        code, err = await console_without_terminal("vm-0", namespace, kubeconfig)
+        assert code == 1
+        assert "is in use by another client" in err
+        assert "--force" in err
 
         def forced() -> None:
-            with terminal(
-                "console", "vm-0", "-n", namespace, "--kubeconfig", str(kubeconfig), "--force"
-            ) as t:
+            with console("vm-0", namespace, kubeconfig, "--force") as t:
                 t.read_until(b"Escape character is ^]")
                 t.send(b"\r")
                 t.read_until(b":/# ")
@@ -244,9 +257,7 @@ async def test_console_reaches_the_guest_shell_and_leaves_with_ctrl_bracket(
 
     # --log follows the console log file (this host is local): the boot markers are in it
     def follow() -> None:
-        with terminal(
-            "console", "vm-0", "-n", namespace, "--kubeconfig", str(kubeconfig), "--log"
-        ) as t:
+        with console("vm-0", namespace, kubeconfig, "--log") as t:
             t.read_until(b"following the console log")
             t.read_until(b"CAPL-GUEST: ready")
             t.send(ESCAPE)
@@ -274,7 +285,7 @@ async def test_console_reports_the_end_when_the_domain_stops(
     )
 
     def session() -> None:
-        with terminal("console", "vm-1", "-n", namespace, "--kubeconfig", str(kubeconfig)) as t:
+        with console("vm-1", namespace, kubeconfig) as t:
             t.read_until(b"Escape character is ^]")
             t.send(b"\r")  # live output arrives: boot markers, or the prompt if already up
             t.read_until(b"CAPL-GUEST: ", b":/# ", timeout=BOOT_TIMEOUT)
@@ -286,22 +297,9 @@ async def test_console_reports_the_end_when_the_domain_stops(
     await asyncio.to_thread(session)
 
     # a stopped domain: a clear one-line error, no console
-    proc = await asyncio.create_subprocess_exec(
-        CAPL,
-        "console",
-        "vm-1",
-        "-n",
-        namespace,
-        "--kubeconfig",
-        str(kubeconfig),
-        stdin=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 1
-    assert (
-        err.decode().strip().endswith("is not running (state shutoff); --log shows its console log")
-    )
+    code, err = await console_without_terminal("vm-1", namespace, kubeconfig)
+    assert code == 1
+    assert err.strip().endswith("is not running (state shutoff); --log shows its console log")
 
 
 @pytest.fixture
@@ -342,7 +340,7 @@ async def test_console_falls_back_to_the_log_on_the_test_driver(
     )
 
     def session() -> None:
-        with terminal("console", "td-0", "-n", namespace, "--kubeconfig", str(kubeconfig)) as t:
+        with console("td-0", namespace, kubeconfig) as t:
             t.read_until(
                 f"capl: the test driver of {shared_test_driver} cannot open consoles: "
                 f"following the console log {log} of {namespace}/td-0".encode()
@@ -367,20 +365,9 @@ async def test_console_domain_missing_on_the_host_exits_3(
     await create_objects(
         api_client, namespace, uri=shared_test_driver, domain_uuid=missing, machine="gone-0"
     )
-    proc = await asyncio.create_subprocess_exec(
-        CAPL,
-        "console",
-        "gone-0",
-        "-n",
-        namespace,
-        "--kubeconfig",
-        str(kubeconfig),
-        stdin=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 3
-    assert err.decode().strip() == (
+    code, err = await console_without_terminal("gone-0", namespace, kubeconfig)
+    assert code == 3
+    assert err.strip() == (
         f"capl: error: the domain {missing} of LibvirtMachine {namespace}/gone-0 does not "
         f"exist on host local ({shared_test_driver})"
     )

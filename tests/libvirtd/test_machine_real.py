@@ -38,7 +38,6 @@ from capl.runtime.resources import LIBVIRT_MACHINE
 from tests.controllers.conftest import (
     ClusterObjects,
     ControllerHarness,
-    capi_crds,
     condition,
     harness,
     leftovers,
@@ -51,7 +50,7 @@ from tests.fixtures.libvirt import (
     record_timing,
 )
 
-__all__ = ["capi_crds", "harness"]  # fixtures used by this module
+__all__ = ["harness"]  # fixtures used by this module
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
 

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import logging
 import secrets
-import stat
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import libvirt
@@ -33,20 +32,11 @@ from capl.ports.errors import CredentialsError, HostUnreachable
 from capl.ports.virt import DomainOwner, DomainSpec, HostOptions
 from capl.virt import LibvirtHosts
 from tests.fixtures.libvirt import record_timing
-from tests.fixtures.transports import SshServer, generate_ssh_key, ssh_server
+from tests.fixtures.transports import SshServer, file_mode, file_modes, generate_ssh_key, ssh_server
 
 __all__ = ["ssh_server"]  # the session fixture, registered by this import
 
 pytestmark = pytest.mark.libvirtd
-
-
-@pytest.fixture
-async def hosts() -> AsyncIterator[LibvirtHosts]:
-    registry = LibvirtHosts()
-    try:
-        yield registry
-    finally:
-        await registry.close()
 
 
 @pytest.fixture
@@ -62,17 +52,6 @@ def domain_names(libvirtd_conn: libvirt.virConnect) -> Iterator[list[str]]:
         if domain.isActive():
             domain.destroy()
         domain.undefine()
-
-
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
-
-
-def _listing(directory: Path) -> dict[str, int] | None:
-    """{name: mode} of the files in `directory`, None when it does not exist."""
-    if not directory.exists():
-        return None
-    return {p.name: _mode(p) for p in directory.iterdir()}
 
 
 def _read(path: Path) -> bytes:
@@ -216,25 +195,25 @@ async def test_credential_files_are_private_and_removed(
     host = hosts.get(uri=uri, credentials=ssh_server.credentials())
     await host.info()
     directory = Path(host.connection.plan.credential_dir or "")
-    assert _mode(directory) == 0o700
-    assert _listing(directory) == {"id": 0o600, "known_hosts": 0o600, "ssh": 0o700}
+    assert file_mode(directory) == 0o700
+    assert file_modes(directory) == {"id": 0o600, "known_hosts": 0o600, "ssh": 0o700}
     assert _read(directory / "id").strip() == ssh_server.client_key.strip()
 
     # a changed Secret replaces the connection; the old files go with the old connection
     rotated = hosts.get(uri=uri, credentials={**ssh_server.credentials(), "extra": b"x"})
     assert rotated is not host
     await hosts.wait_closed()
-    assert _listing(directory) is None
+    assert file_modes(directory) is None
     directory = Path(rotated.connection.plan.credential_dir or "")
     await rotated.info()
 
     await hosts.forget(uri)
-    assert _listing(directory) is None
+    assert file_modes(directory) is None
     again = hosts.get(uri=uri, credentials=ssh_server.credentials())
     directory = Path(again.connection.plan.credential_dir or "")
-    assert _listing(directory) is not None
+    assert file_modes(directory) is not None
     await hosts.close()
-    assert _listing(directory) is None
+    assert file_modes(directory) is None
 
 
 async def test_no_error_or_log_record_carries_the_private_key(

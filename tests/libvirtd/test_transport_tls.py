@@ -19,10 +19,8 @@ second, unprivileged daemon and serves ``qemu:///session`` and ``test:///default
 from __future__ import annotations
 
 import secrets
-import stat
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -32,31 +30,11 @@ from capl.ports.errors import CredentialsError, HostUnreachable
 from capl.ports.virt import DomainOwner, DomainSpec, HostOptions
 from capl.virt import LibvirtHosts
 from tests.fixtures.libvirt import record_timing
-from tests.fixtures.transports import TlsLibvirtd, tls_libvirtd
+from tests.fixtures.transports import TlsLibvirtd, file_mode, file_modes, tls_libvirtd
 
 __all__ = ["tls_libvirtd"]  # the session fixture, registered by this import
 
 pytestmark = pytest.mark.libvirtd
-
-
-@pytest.fixture
-async def hosts() -> AsyncIterator[LibvirtHosts]:
-    registry = LibvirtHosts()
-    try:
-        yield registry
-    finally:
-        await registry.close()
-
-
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
-
-
-def _listing(directory: Path) -> dict[str, int] | None:
-    """{name: mode} of the files in `directory`, None when it does not exist."""
-    if not directory.exists():
-        return None
-    return {p.name: _mode(p) for p in directory.iterdir()}
 
 
 async def _refusal(hosts: LibvirtHosts, uri: str, credentials: dict[str, bytes]) -> str:
@@ -136,9 +114,9 @@ async def test_pki_files_are_private_and_removed_on_close(
     pki = Path(parse_qs(urlsplit(plan.uri).query)["pkipath"][0])
     directory = Path(plan.credential_dir or "")
     assert pki.parent == directory
-    assert _mode(directory) == 0o700
-    assert _mode(pki) == 0o700
-    assert _listing(pki) == {
+    assert file_mode(directory) == 0o700
+    assert file_mode(pki) == 0o700
+    assert file_modes(pki) == {
         "cacert.pem": 0o600,
         "clientcert.pem": 0o600,
         "clientkey.pem": 0o600,
@@ -146,7 +124,7 @@ async def test_pki_files_are_private_and_removed_on_close(
     assert "pkipath" not in repr(plan)
     assert "pkipath" not in host.host_id
     await hosts.close()
-    assert _listing(directory) is None
+    assert file_modes(directory) is None
 
 
 async def test_client_certificate_from_another_ca_is_refused_by_the_host(

@@ -7,13 +7,12 @@ as its SMBIOS UUID and the reserved address."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import os
 import secrets
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,11 +43,13 @@ from capl.ports.virt import (
     NicSpec,
     PoolSpec,
     StopResult,
-    VirtEvent,
     VolumeFormat,
 )
 from capl.virt import LibvirtHost, LibvirtHosts
+from tests.fixtures.common import eventually
 from tests.fixtures.libvirt import ignition_config, record_timing, wait_for_marker
+from tests.fixtures.libvirt_direct import remove_domain, remove_network, remove_pool
+from tests.fixtures.virt import EventRecorder
 
 pytestmark = pytest.mark.libvirtd
 
@@ -70,34 +71,11 @@ class Bed:
 
 def _cleanup(conn: libvirt.virConnect, bed_names: dict[str, list[str]]) -> None:
     for name in bed_names["domains"]:
-        try:
-            domain = conn.lookupByName(name)
-        except libvirt.libvirtError:
-            continue
-        if domain.isActive():
-            domain.destroy()
-        domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+        remove_domain(conn, name)
     for name in bed_names["pools"]:
-        try:
-            pool = conn.storagePoolLookupByName(name)
-        except libvirt.libvirtError:
-            continue
-        if pool.isActive():
-            pool.refresh(0)
-            for volume in pool.listAllVolumes(0):
-                volume.delete(0)
-            pool.destroy()
-        with contextlib.suppress(libvirt.libvirtError):
-            pool.delete(0)
-        pool.undefine()
+        remove_pool(conn, name)
     for name in bed_names["networks"]:
-        try:
-            network = conn.networkLookupByName(name)
-        except libvirt.libvirtError:
-            continue
-        if network.isActive():
-            network.destroy()
-        network.undefine()
+        remove_network(conn, name)
 
 
 @pytest.fixture
@@ -147,41 +125,6 @@ async def bed(libvirtd_uri: str, bed_names: dict[str, list[str]]) -> AsyncIterat
     await hosts.close()
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[VirtEvent] = []
-        self.changed = asyncio.Event()
-
-    def __call__(self, event: VirtEvent) -> None:
-        self.events.append(event)
-        self.changed.set()
-
-    async def wait_for(self, predicate: object, what: str, within: float = 60) -> VirtEvent:
-        assert callable(predicate)
-
-        async def scan() -> VirtEvent:
-            while True:
-                for event in self.events:
-                    if predicate(event):
-                        return event
-                self.changed.clear()
-                await self.changed.wait()
-
-        try:
-            return await asyncio.wait_for(scan(), timeout=within)
-        except TimeoutError:
-            raise AssertionError(f"no event: {what}; got {self.events}") from None
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, within: float) -> None:
-    """Re-check ``check`` until it holds; fail at the deadline (a condition, not a sleep)."""
-    deadline = asyncio.get_running_loop().time() + within
-    while not await check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {within:.0f} s waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
 def _machine(bed: Bed, bed_names: dict[str, list[str]]) -> tuple[DomainOwner, str]:
     name = "m-" + secrets.token_hex(3)
     owner = DomainOwner(
@@ -200,7 +143,7 @@ async def _blank_disk(bed: Bed, name: str) -> str:
 async def test_domain_runs_and_stop_falls_back_to_destroy(
     bed: Bed, bed_names: dict[str, list[str]]
 ) -> None:
-    recorder = Recorder()
+    recorder = EventRecorder()
     bed.hosts.subscribe(recorder)
     owner, domain_name = _machine(bed, bed_names)
     names = machine_names(namespace=owner.namespace, name=owner.name)
@@ -293,7 +236,7 @@ async def test_dropped_connection_is_reported_and_healed(libvirtd_uri: str) -> N
         pytest.skip(f"virt-admin is not usable here: {exc}")
     hosts = LibvirtHosts()
     try:
-        recorder = Recorder()
+        recorder = EventRecorder()
         hosts.subscribe(recorder)
         host = hosts.get(uri=libvirtd_uri)
         await host.info()
@@ -401,7 +344,7 @@ async def test_guest_boots_with_what_capl_delivers(
             (a.source, a.ip) for a in addresses
         } and any(lease.mac == mac and lease.ip == reservation.ip for lease in leases)
 
-    await eventually(leased, "the lease in libvirt's view", within=30)
+    await eventually(leased, within=30, what="the lease in libvirt's view")
     record_timing(
         f"capl adapter: {bootstrap} guest to lease", asyncio.get_running_loop().time() - started_at
     )

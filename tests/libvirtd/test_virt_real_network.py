@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import dns.message
 import dns.query
@@ -17,7 +17,8 @@ import pytest
 
 from capl.ports.errors import BridgeNotFound, NetworkOverlap, VirtError
 from capl.ports.virt import ClusterOwner, NetworkInfo, NetworkMode, NetworkSpec
-from capl.virt import LibvirtHost, LibvirtHosts
+from capl.virt import LibvirtHost
+from tests.fixtures.libvirt_direct import remove_network
 
 pytestmark = pytest.mark.libvirtd
 
@@ -29,20 +30,7 @@ def network_names(libvirtd_conn: libvirt.virConnect) -> Iterator[list[str]]:
     names: list[str] = []
     yield names
     for name in names:
-        try:
-            network = libvirtd_conn.networkLookupByName(name)
-        except libvirt.libvirtError:
-            continue
-        if network.isActive():
-            network.destroy()
-        network.undefine()
-
-
-@pytest.fixture
-async def host(libvirtd_uri: str) -> AsyncIterator[LibvirtHost]:
-    registry = LibvirtHosts()
-    yield registry.get(uri=libvirtd_uri)
-    await registry.close()
+        remove_network(libvirtd_conn, name)
 
 
 async def _create(

@@ -7,18 +7,16 @@ calls, whatever the adapter did or failed to do.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import os
 import secrets
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import libvirt
 import pytest
-from aiohttp import web
 
 from capl.ports.errors import ImageChecksumError, StorageError, StorageFull
 from capl.ports.naming import pool_owner_marker
@@ -30,29 +28,15 @@ from capl.ports.virt import (
     ImageFromVolume,
     PoolSpec,
 )
-from capl.virt import LibvirtHost, LibvirtHosts
+from capl.virt import LibvirtHost
 from capl.virt.images import COMPLETE_SUFFIX
+from tests.fixtures.images import ImageServer
+from tests.fixtures.libvirt_direct import remove_pool
 
 pytestmark = pytest.mark.libvirtd
 
 POOL_ROOT = Path("/var/lib/libvirt/images")
 MIB = 1024**2
-
-
-def _remove_pool(conn: libvirt.virConnect, name: str) -> None:
-    try:
-        pool = conn.storagePoolLookupByName(name)
-    except libvirt.libvirtError:
-        return
-    if pool.isActive():
-        with contextlib.suppress(libvirt.libvirtError):
-            pool.refresh(0)
-        for volume in pool.listAllVolumes(0):
-            volume.delete(0)
-        pool.destroy()
-    with contextlib.suppress(libvirt.libvirtError):
-        pool.delete(0)
-    pool.undefine()
 
 
 @pytest.fixture
@@ -61,16 +45,9 @@ def pool_names(libvirtd_conn: libvirt.virConnect) -> Iterator[list[str]]:
     names: list[str] = []
     yield names
     for name in names:
-        _remove_pool(libvirtd_conn, name)
+        remove_pool(libvirtd_conn, name)
     leftovers = [p.name() for p in libvirtd_conn.listAllStoragePools(0)]
     assert not [n for n in leftovers if n.startswith("capl-import-")], leftovers
-
-
-@pytest.fixture
-async def host(libvirtd_uri: str) -> AsyncIterator[LibvirtHost]:
-    registry = LibvirtHosts()
-    yield registry.get(uri=libvirtd_uri)
-    await registry.close()
 
 
 @pytest.fixture
@@ -87,46 +64,6 @@ def _qcow2(path: Path, size: str = "64M") -> bytes:
         ["qemu-img", "create", "-q", "-f", "qcow2", str(path), size], check=True, timeout=60
     )
     return path.read_bytes()
-
-
-class Server:
-    def __init__(self) -> None:
-        self.files: dict[str, bytes] = {}
-        self.requests: list[str] = []
-        self.requested = asyncio.Event()
-        self.gate: asyncio.Event | None = None
-        self.base = ""
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests.append(request.path)
-        self.requested.set()
-        if self.gate is not None:
-            await self.gate.wait()
-        data = self.files.get(request.path)
-        if data is None:
-            return web.Response(status=404)
-        response = web.StreamResponse()
-        response.content_length = len(data)
-        await response.prepare(request)
-        for offset in range(0, len(data), 65536):  # streamed, in pieces
-            await response.write(data[offset : offset + 65536])
-        await response.write_eof()
-        return response
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[Server]:
-    state = Server()
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", state.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    state.base = f"http://127.0.0.1:{port}"
-    yield state
-    await runner.cleanup()
 
 
 def _download(conn: libvirt.virConnect, pool: str, name: str) -> bytes:
@@ -189,13 +126,16 @@ async def test_upload_reads_back(
 
 
 async def test_url_import_verified_shared_and_overlaid(
-    host: LibvirtHost, pool: tuple[str, ClusterOwner], server: Server, tmp_path: Path
+    host: LibvirtHost, pool: tuple[str, ClusterOwner], image_server: ImageServer, tmp_path: Path
 ) -> None:
     name, _ = pool
     data = _qcow2(tmp_path / "base.qcow2", "64M")
-    server.files["/base.qcow2"] = data
-    source = ImageFromURL(url=f"{server.base}/base.qcow2", sha256=hashlib.sha256(data).hexdigest())
-    server.gate = asyncio.Event()
+    image_server.files["/base.qcow2"] = data
+    image_server.chunk = 64 * 1024  # streamed, in pieces
+    source = ImageFromURL(
+        url=image_server.url("/base.qcow2"), sha256=hashlib.sha256(data).hexdigest()
+    )
+    image_server.gate = asyncio.Event()
 
     def start() -> asyncio.Future[BaseImage]:
         return asyncio.ensure_future(
@@ -203,11 +143,11 @@ async def test_url_import_verified_shared_and_overlaid(
         )
 
     first = start()
-    await asyncio.wait_for(server.requested.wait(), timeout=60)
+    await asyncio.wait_for(image_server.requested.wait(), timeout=60)
     others = [start() for _ in range(3)]
-    server.gate.set()
+    image_server.gate.set()
     images = await asyncio.gather(first, *others)
-    assert server.requests == ["/base.qcow2"]
+    assert image_server.requests == ["/base.qcow2"]
     image = images[0]
     assert image.imported
     assert image.virtual_size_bytes == 64 * MIB
@@ -235,11 +175,12 @@ async def test_url_import_verified_shared_and_overlaid(
 
 
 async def test_checksum_mismatch_leaves_no_volume(
-    host: LibvirtHost, pool: tuple[str, ClusterOwner], server: Server, tmp_path: Path
+    host: LibvirtHost, pool: tuple[str, ClusterOwner], image_server: ImageServer, tmp_path: Path
 ) -> None:
     name, _ = pool
-    server.files["/base.qcow2"] = _qcow2(tmp_path / "base.qcow2")
-    source = ImageFromURL(url=f"{server.base}/base.qcow2", sha256="1" * 64)
+    image_server.files["/base.qcow2"] = _qcow2(tmp_path / "base.qcow2")
+    image_server.chunk = 64 * 1024
+    source = ImageFromURL(url=image_server.url("/base.qcow2"), sha256="1" * 64)
     with pytest.raises(ImageChecksumError) as info:
         await host.ensure_base_image(pool=name, name="capl-base-bad", source=source)
     assert info.value.expected == "1" * 64

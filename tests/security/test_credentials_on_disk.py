@@ -32,18 +32,11 @@ import yaml
 
 from capl.runtime.resources import LIBVIRT_CLUSTER
 from capl.testbed import ControlPlane
-from tests.controllers.conftest import libvirt_machine_spec
+from tests.fixtures.bed import Host
 from tests.fixtures.capl import CaplManager, CaplManagerFactory
+from tests.fixtures.common import eventually
 from tests.fixtures.transports import SshServer, TlsLibvirtd, ssh_server
-from tests.security.bed import (
-    BedCluster,
-    FileEntry,
-    Host,
-    SecurityBed,
-    eventually,
-    free_cidr,
-    tree,
-)
+from tests.security.bed import FileEntry, SecurityBed, tree
 
 __all__ = ["ssh_server"]  # the session fixture, registered by this import
 
@@ -67,15 +60,22 @@ async def run_manager(
     return manager
 
 
-async def cluster_with_credentials(
+@pytest.fixture
+async def manager_with_credentials(
     bed: SecurityBed,
-    plane: ControlPlane,
-    *,
+    control_plane: ControlPlane,
+    capl_manager_factory: CaplManagerFactory,
     tls_libvirtd: TlsLibvirtd,
     tls_pki: Path,
     ssh_server: SshServer,
     shared_test_driver: str,
-) -> BedCluster:
+    private_tmp: Path,
+) -> CaplManager:
+    """The manager (TMPDIR `private_tmp`) running a cluster whose hosts need credentials
+    (TLS and ssh), plus a `<cluster>-kubeconfig` Secret; one machine Ready."""
+    manager = await run_manager(
+        capl_manager_factory, control_plane, namespace=bed.namespace, tmp=private_tmp
+    )
     await bed.secret("tls-credentials", tls_libvirtd.credentials)
     await bed.secret("ssh-credentials", ssh_server.credentials())
     tls = Host(
@@ -90,21 +90,13 @@ async def cluster_with_credentials(
         direct_uri=shared_test_driver,
         credentials_secret="ssh-credentials",
     )
-    cluster = await bed.create_cluster(
-        "disk", hosts=[tls, ssh], cidr=free_cidr(), base_volume_on=["tls"]
-    )
+    cluster = await bed.create_cluster("disk", hosts=[tls, ssh], base_volume_on=["tls"])
     await bed.secret(
-        "disk-kubeconfig", {"value": plane.add_user(f"{bed.namespace}-wl").read_bytes()}
+        "disk-kubeconfig", {"value": control_plane.add_user(f"{bed.namespace}-wl").read_bytes()}
     )
-    await bed.create_machine(
-        cluster,
-        "m0",
-        spec=libvirt_machine_spec(),
-        bootstrap=b"#cloud-config\n",
-        failure_domain="tls",
-    )
+    await bed.create_machine(cluster, "m0", host="tls")
     await bed.wait_ready("m0", within=90)
-    return cluster
+    return manager
 
 
 def problems(entries: list[FileEntry], tmp: Path, secrets: list[bytes]) -> list[str]:
@@ -151,26 +143,12 @@ def own_kubeconfig_files(entries: list[FileEntry], kubeconfig: Path) -> set[Path
 
 
 async def test_credential_files_are_private_and_gone_after_sigterm(
-    bed: SecurityBed,
-    control_plane: ControlPlane,
-    capl_manager_factory: CaplManagerFactory,
+    manager_with_credentials: CaplManager,
     tls_libvirtd: TlsLibvirtd,
-    tls_pki: Path,
     ssh_server: SshServer,
-    shared_test_driver: str,
     private_tmp: Path,
 ) -> None:
-    manager = await run_manager(
-        capl_manager_factory, control_plane, namespace=bed.namespace, tmp=private_tmp
-    )
-    await cluster_with_credentials(
-        bed,
-        control_plane,
-        tls_libvirtd=tls_libvirtd,
-        tls_pki=tls_pki,
-        ssh_server=ssh_server,
-        shared_test_driver=shared_test_driver,
-    )
+    manager = manager_with_credentials
 
     async def written() -> list[FileEntry] | None:
         entries = tree(private_tmp)
@@ -214,25 +192,8 @@ async def test_own_kubeconfig_files_are_private(
 
 
 async def test_host_credential_files_go_with_the_cluster(
-    bed: SecurityBed,
-    control_plane: ControlPlane,
-    capl_manager_factory: CaplManagerFactory,
-    tls_libvirtd: TlsLibvirtd,
-    tls_pki: Path,
-    ssh_server: SshServer,
-    shared_test_driver: str,
-    private_tmp: Path,
+    bed: SecurityBed, manager_with_credentials: CaplManager, private_tmp: Path
 ) -> None:
-    await run_manager(capl_manager_factory, control_plane, namespace=bed.namespace, tmp=private_tmp)
-    await cluster_with_credentials(
-        bed,
-        control_plane,
-        tls_libvirtd=tls_libvirtd,
-        tls_pki=tls_pki,
-        ssh_server=ssh_server,
-        shared_test_driver=shared_test_driver,
-    )
-
     async def host_files() -> set[str] | None:
         return names_below(tree(private_tmp), "capl-host-")
 

@@ -40,12 +40,13 @@ from capl.kube import KubeClient
 from capl.runtime.resources import NAMESPACE, SECRET
 from capl.testbed import AssetsMissing, ControlPlane, find_assets
 from tests.controllers.conftest import install_capi_crds, libvirt_machine_spec
+from tests.fixtures.bed import Host
 from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import require_part
 from tests.fixtures.controlplane import CRD_DIR
 from tests.fixtures.libvirt import ignition_config
 from tests.fixtures.transports import TlsLibvirtd
-from tests.security.bed import REPO, WEBHOOK_MANIFESTS, Host, SecurityBed, free_cidr
+from tests.security.bed import REPO, WEBHOOK_MANIFESTS, SecurityBed
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd]
 
@@ -241,9 +242,7 @@ async def test_the_role_grants_what_the_manager_uses_and_nothing_more(
             direct_uri=f"{tls_libvirtd.uri()}?pkipath={tls_pki}",
             credentials_secret="tls-credentials",
         )
-        cluster = await bed.create_cluster(
-            "rbac", hosts=[tls], cidr=free_cidr(), base_volume_on=["tls"]
-        )
+        cluster = await bed.create_cluster("rbac", hosts=[tls], base_volume_on=["tls"])
         spec = libvirt_machine_spec()
         await bed.create_machine(cluster, "cc", spec=spec, bootstrap=b"#cloud-config\n")
         await bed.create_machine(

@@ -48,16 +48,15 @@ from capl.api import constants as c
 from capl.ports.naming import machine_names
 from capl.testbed import ControlPlane
 from tests.controllers.conftest import libvirt_machine_spec
+from tests.fixtures.bed import Host
 from tests.fixtures.capl import CaplManagerFactory
+from tests.fixtures.common import eventually
 from tests.fixtures.libvirt import ignition_config
 from tests.fixtures.transports import TlsLibvirtd
 from tests.security.bed import (
-    Host,
     Needles,
     SecurityBed,
-    eventually,
     find_leaks,
-    free_cidr,
     install_webhooks,
     libvirt_documents,
     remove_webhooks,
@@ -158,7 +157,7 @@ async def test_secrets_never_leak(
             credentials_secret="tls-credentials",
         )
         cluster = await bed.create_cluster(
-            "leak", hosts=[kvm, tls], cidr=free_cidr(), base_volume_on=["tls"], within=180
+            "leak", hosts=[kvm, tls], base_volume_on=["tls"], within=180
         )
         await bed.secret("leak-kubeconfig", {"value": kubeconfig})
 
@@ -180,18 +179,16 @@ async def test_secrets_never_leak(
             spec=guest_spec(guest_image),
             bootstrap=ignition,
             format="ignition",
-            failure_domain="kvm",
+            host="kvm",
         )
-        await bed.create_machine(
-            cluster, "cc", spec=td, bootstrap=cloud_config, failure_domain="tls"
-        )
+        await bed.create_machine(cluster, "cc", spec=td, bootstrap=cloud_config, host="tls")
         await bed.create_machine(
             cluster, "bad-json", spec=td, bootstrap=bad_json, format="ignition",
-            failure_domain="tls",
+            host="tls",
         )  # fmt: skip
         await bed.create_machine(
             cluster, "bad-version", spec=td, bootstrap=bad_version, format="ignition",
-            failure_domain="tls",
+            host="tls",
         )  # fmt: skip
 
         await bed.wait_ready("cc", within=90)
