@@ -53,6 +53,12 @@ Deletion
     finalizer goes. Deletion respects pause, and an object `clusterctl move` deletes
     (annotation clusterctl.cluster.x-k8s.io/delete-for-move) only loses its finalizer.
 
+API errors
+    A reconcile that gets no answer from the API server (connection refused/reset, timeout)
+    or a 429/5xx logs one warning line (no traceback) and is retried after a short backoff
+    of its own, `retry_first` doubling up to `api_retry_max`, instead of the work queue's
+    per-item backoff, which would grow to minutes during an API server outage.
+
 API writes
     A read-your-writes overlay (the newest object this process wrote) keeps a reconcile that
     runs before the informer caught up from writing again, and a reconcile whose object is
@@ -178,7 +184,7 @@ from capl.ports.virt import (
 )
 from capl.runtime.conditions import get_condition, rfc3339, set_condition, summarize
 from capl.runtime.controller import Controller, Result, Watch
-from capl.runtime.errors import ApiError
+from capl.runtime.errors import ApiError, TransportError
 from capl.runtime.errors import NotFound as ApiNotFound
 from capl.runtime.handlers import (
     FuncPredicate,
@@ -250,6 +256,9 @@ class MachineOptions:
     settled_ttl: float = 600.0
     """A settled machine (Ready, nothing happened) is re-checked against libvirt at most
     this often when it is reconciled without a change (resync)."""
+    api_retry_max: float = 10.0
+    """Cap of the retry delay while the API server does not answer (connection errors,
+    429, 5xx): the reconcile is retried every few seconds, logged in one line."""
     orphan_sweep_interval: float = 60.0
     """How often the hosts are swept for domains of LibvirtMachines that no longer exist
     (0: never). The first sweep runs once the caches synced."""
@@ -451,6 +460,7 @@ class LibvirtMachineReconciler:
         self._nodes_done: set[tuple[ObjectKey, str]] = set()
         self._own_starts: dict[str, float] = {}
         """Domains this process is starting: their next STARTED event is our own echo."""
+        self._api_failures: dict[ObjectKey, int] = {}
         self._made: dict[ObjectKey, _Leftover] = {}
         """Per key, the incarnation this process created (or found) a domain for."""
         self._orphans: dict[ObjectKey, dict[str, _Leftover]] = {}
@@ -599,6 +609,7 @@ class LibvirtMachineReconciler:
         self._shutdown_requested.discard(key)
         self._nodes_done = {entry for entry in self._nodes_done if entry[0] != key}
         self._made.pop(key, None)
+        self._api_failures.pop(key, None)
 
     def _now(self) -> str:
         return rfc3339(self.deps.clock.wall())
@@ -606,6 +617,23 @@ class LibvirtMachineReconciler:
     # -- reconcile ---------------------------------------------------------------------------
 
     async def reconcile(self, key: ObjectKey) -> Result:
+        try:
+            result = await self._reconcile(key)
+        except ApiError as exc:
+            if not _api_unavailable(exc):
+                raise
+            # no answer from the API server (or 429/5xx): one line, a short capped backoff
+            # of our own instead of the work queue's growing one (the reconcile is
+            # idempotent; the next attempt picks up where this one stopped)
+            failures = self._api_failures.get(key, 0)
+            self._api_failures[key] = failures + 1
+            delay = min(self.options.api_retry_max, self.options.retry_first * (2**failures))
+            log.warning("API server unavailable, retrying", error=str(exc), retry_in=delay)
+            return Result(requeue_after=delay)
+        self._api_failures.pop(key, None)
+        return result
+
+    async def _reconcile(self, key: ObjectKey) -> Result:
         obj = self._read(key)
         if key in self._made or key in self._orphans:
             waiting = await self._remove_vanished(key, obj)
@@ -1847,6 +1875,11 @@ def _union(*mappers: Mapper) -> Mapper:
         return keys
 
     return mapper
+
+
+def _api_unavailable(exc: ApiError) -> bool:
+    """No answer, throttled or a server-side error: worth a quick retry, not a traceback."""
+    return isinstance(exc, TransportError) or exc.code == 429 or exc.code >= 500
 
 
 def _default_nic(network: str) -> NicPlan:

@@ -18,7 +18,9 @@ from capl.controllers.machine_plan import (
     MAX_MAC_ATTEMPTS,
     BootstrapProblem,
     HostCandidate,
+    OrphanTracker,
     Placement,
+    accounts_for,
     build_domain_spec,
     choose_host,
     classify,
@@ -404,3 +406,47 @@ def test_dns_names() -> None:
     assert dns_name("m", None) is None
     assert dns_name("api", "lab.example") is None  # the cluster controller's name
     assert dns_name("api-int", "lab.example") is None
+
+
+# --- orphans ---------------------------------------------------------------------------------
+
+
+def test_accounts_for_same_uid_or_adopting_move_only() -> None:
+    obj = {"metadata": {"uid": "u1"}, "spec": {"domainUUID": "AAA"}}
+    assert accounts_for(obj, owner_uid="u1", domain_uuid="bbb")  # same incarnation
+    assert accounts_for(obj, owner_uid="old", domain_uuid="aaa")  # moved: it records the domain
+    assert not accounts_for(obj, owner_uid="old", domain_uuid="bbb")  # re-created: new domain
+    assert not accounts_for(None, owner_uid="u1", domain_uuid="aaa")
+    assert not accounts_for({"metadata": {"uid": "u1"}}, owner_uid="", domain_uuid="aaa")
+
+
+def test_orphan_tracker_needs_two_sweeps_and_the_grace_period() -> None:
+    from capl.runtime.clock import FakeClock
+
+    clock = FakeClock()
+    tracker = OrphanTracker(grace=60.0)
+    assert tracker.observe("ns/c/h1", ["A", "b"], now=clock.now()) == set()
+    assert tracker.pending() == 2
+    clock.advance(30)
+    assert tracker.observe("ns/c/h1", ["a", "b"], now=clock.now()) == set()  # too young
+    clock.advance(30)
+    assert tracker.observe("ns/c/h1", ["a"], now=clock.now()) == {"a"}  # b vanished: reset
+    assert tracker.observe("ns/c/h1", ["a", "b"], now=clock.now()) == {"a"}
+    clock.advance(60)
+    assert tracker.observe("ns/c/h1", ["a", "b"], now=clock.now()) == {"a", "b"}
+    tracker.forget("A")
+    assert tracker.observe("ns/c/h1", ["a", "b"], now=clock.now()) == {"b"}
+    # scopes are independent; a scope swept with an error starts over
+    assert tracker.observe("ns/c/h2", ["c"], now=clock.now()) == set()
+    tracker.reset("ns/c/h1")
+    clock.advance(120)
+    assert tracker.observe("ns/c/h1", ["b"], now=clock.now()) == set()
+    assert tracker.observe("ns/c/h2", ["c"], now=clock.now()) == {"c"}
+    tracker.retain(["ns/c/h1"])
+    assert tracker.observe("ns/c/h2", ["c"], now=clock.now()) == set()
+
+
+def test_orphan_tracker_without_grace_confirms_on_the_second_sweep() -> None:
+    tracker = OrphanTracker(grace=0.0)
+    assert tracker.observe("s", ["x"], now=5.0) == set()
+    assert tracker.observe("s", ["x"], now=5.0) == {"x"}
