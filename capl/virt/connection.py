@@ -239,51 +239,73 @@ class CallCounter:
 class _Handle:
     """One ``virConnect`` and what the pool knows about it."""
 
-    __slots__ = ("callback_ids", "conn", "epoch", "primary", "retired", "shared", "users")
+    __slots__ = (
+        "callback_ids",
+        "conn",
+        "disposed",
+        "epoch",
+        "lent",
+        "primary",
+        "shared",
+        "streams",
+        "users",
+    )
 
     def __init__(self, conn: Any, *, epoch: int, primary: bool, shared: bool) -> None:
         self.conn = conn
         self.epoch = epoch
         self.primary = primary
         self.shared = shared  # the in-process driver's one handle: calls use it at once
-        self.retired = False  # a stream was made on it and owns it now
+        self.streams: set[int] = set()  # streams made on it and not finished or aborted
+        self.lent = False  # left the pool for its streams; back when the last one ends
         self.users = 0
+        self.disposed = False
         self.callback_ids: list[int] = []
 
 
 class _Counted:
     """Forwards attribute access to a libvirt object, counting the RPC-backed calls; a stream
-    made through it takes its handle out of the pool (see the module docstring)."""
+    made through it keeps its handle out of the pool until the stream is finished or aborted
+    (see the module docstring)."""
 
-    __slots__ = ("_count", "_handle", "_target")
+    __slots__ = ("_handle", "_owner", "_target")
 
-    def __init__(self, target: Any, count: Callable[[str], None], handle: _Handle) -> None:
+    def __init__(self, target: Any, owner: HostConnection, handle: _Handle) -> None:
         object.__setattr__(self, "_target", target)
-        object.__setattr__(self, "_count", count)
+        object.__setattr__(self, "_owner", owner)
         object.__setattr__(self, "_handle", handle)
 
     def __getattr__(self, attr: str) -> Any:
-        value = getattr(self._target, attr)
+        target = self._target
+        value = getattr(target, attr)
         if attr.startswith("_") or attr in _LOCAL_METHODS or not callable(value):
             return value
-        method = f"{type(self._target).__name__}.{attr}"
-        count = self._count
+        method = f"{type(target).__name__}.{attr}"
+        owner = self._owner
         handle = self._handle
+        ends_stream = attr in _STREAM_ENDS and isinstance(target, libvirt.virStream)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            count(method)
-            return _wrap(value(*args, **kwargs), count, handle)
+            owner.count(method)
+            try:
+                return _wrap(value(*args, **kwargs), owner, handle)
+            finally:
+                if ends_stream:
+                    owner._stream_ended(handle, id(target))
 
         return call
 
 
-def _wrap(result: Any, count: Callable[[str], None], handle: _Handle) -> Any:
+_STREAM_ENDS = frozenset({"finish", "abort"})
+
+
+def _wrap(result: Any, owner: HostConnection, handle: _Handle) -> Any:
     if isinstance(result, _WRAPPED_TYPES):
         if isinstance(result, libvirt.virStream) and not handle.shared:
-            handle.retired = True
-        return _Counted(result, count, handle)
+            owner._stream_made(handle, id(result))
+        return _Counted(result, owner, handle)
     if isinstance(result, list) and result and isinstance(result[0], _WRAPPED_TYPES):
-        return [_Counted(item, count, handle) for item in result]
+        return [_Counted(item, owner, handle) for item in result]
     return result
 
 
@@ -322,9 +344,17 @@ def _dispose(handles: list[_Handle]) -> None:
             conn.close()
 
 
+_disposing = threading.Lock()
+
+
 def _dispose_later(handles: list[_Handle]) -> threading.Thread | None:
     """Close ``handles`` on a short-lived thread: closing a connection whose peer vanished
-    blocks until keepalive gives up, and no caller should wait for that."""
+    blocks until keepalive gives up, and no caller should wait for that. Each handle is
+    closed once, whoever asks how often."""
+    with _disposing:
+        handles = [h for h in handles if not h.disposed]
+        for handle in handles:
+            handle.disposed = True
     if not handles:
         return None
     thread = threading.Thread(target=_dispose, args=(handles,), name="libvirt-close", daemon=True)
@@ -370,7 +400,7 @@ class HostConnection:
         self._inflight = 0
         self._closed = False
         self._stop = threading.Event()
-        self._reconnector: threading.Thread | None = None
+        self._reconnecting = False  # a reconnector thread is at work
         self._serial: dict[str, ThreadPoolExecutor] = {}
 
     # -- public ---------------------------------------------------------------------------
@@ -413,15 +443,16 @@ class HostConnection:
         fn: Callable[[Any], T],
         *,
         serial: str | None = None,
-        timeout: float | None = None,
+        time_limit: float | None = None,
     ) -> T:
         """Run ``fn(conn)`` in the host's thread pool (or, with ``serial``, on that key's own
         thread, after the operations queued there before) on a connection no other call
         uses; libvirt errors become typed errors. ``HostUnreachable`` when the host is lost,
-        too many calls are pending, or no answer came within ``timeout`` (default: the
+        too many calls are pending, or no answer came within ``time_limit`` (default: the
         connection's ``call_timeout``, or ``long_call_timeout`` inside ``long_calls()``)."""
-        if timeout is None:
-            timeout = self.long_call_timeout if _long_calls.get() else self.call_timeout
+        limit = time_limit
+        if limit is None:
+            limit = self.long_call_timeout if _long_calls.get() else self.call_timeout
         with self._state:
             refused = self._unavailable(action)
             if refused is None and self._inflight >= self.max_inflight:
@@ -444,10 +475,10 @@ class HostConnection:
             ) from None
         submitted.add_done_callback(self._call_done)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(submitted), timeout)
+            return await asyncio.wait_for(asyncio.wrap_future(submitted), limit)
         except TimeoutError:
             raise HostUnreachable(
-                f"{action} on {self.host_id}: no answer from the host within {timeout:g} s",
+                f"{action} on {self.host_id}: no answer from the host within {limit:g} s",
                 host=self.host_id,
             ) from None
 
@@ -476,9 +507,10 @@ class HostConnection:
             if thread is not None:  # bounded: a peer that vanished must not hold us up
                 await asyncio.to_thread(thread.join, 10.0)
         finally:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            # queued calls still run, and fail at once: the host is closed
+            self._executor.shutdown(wait=False)
             for executor in serial:
-                executor.shutdown(wait=False, cancel_futures=True)
+                executor.shutdown(wait=False)
             self.plan.cleanup()
 
     # -- asyncio side helpers -------------------------------------------------------------
@@ -512,16 +544,18 @@ class HostConnection:
             when = f"next attempt in {waiting:.1f}s"
         else:
             return None  # the backoff window after a failed connect is over: try again
-        return HostUnreachable(f"{error.message} ({when})", host=self.host_id, code=error.code)
+        return HostUnreachable(
+            f"{action}: {error.message} ({when})", host=self.host_id, code=error.code
+        )
 
     def _take_free(self) -> list[_Handle]:
         """Empty the pool (holding ``_state``): the handles no call uses, for disposal."""
-        free = [h for h in self._idle if not h.retired]
+        free = list(self._idle)
         self._idle = []
         primary, self._primary = self._primary, None
-        if primary is not None and primary.users == 0 and primary not in free:
-            if not primary.retired:
-                free.append(primary)
+        # an idle primary is in the pool already; the in-process one never is
+        if primary is not None and primary.shared and primary.users == 0:
+            free.append(primary)
         return free
 
     # -- worker-thread side ---------------------------------------------------------------
@@ -530,7 +564,7 @@ class HostConnection:
         handle = self._checkout(action)
         broken: HostUnreachable | None = None
         try:
-            return fn(_Counted(handle.conn, self.count, handle))
+            return fn(_Counted(handle.conn, self, handle))
         except VirtError as error:  # raised by the operation itself: say which host
             if error.host is None:
                 error.host = self.host_id
@@ -552,7 +586,6 @@ class HostConnection:
     def _checkout(self, action: str) -> _Handle:
         """A handle for one call: idle, or newly opened (the primary first)."""
         while True:
-            stale: list[_Handle] = []
             with self._state:
                 refused = self._unavailable(action)
                 if refused is not None:
@@ -561,18 +594,15 @@ class HostConnection:
                 if primary is not None and primary.shared:
                     primary.users += 1
                     return primary
-                found: _Handle | None = None
-                while primary is not None and self._idle:
-                    candidate = self._idle.pop()
-                    if candidate.epoch == epoch and _alive(candidate.conn):
-                        candidate.users += 1
-                        found = candidate
-                        break
-                    stale.append(candidate)
-            if stale:
-                self._discard(stale, epoch)
-            if found is not None:
-                return found
+                candidate = self._idle.pop() if primary is not None and self._idle else None
+                if candidate is not None:
+                    candidate.users += 1
+            if candidate is not None:
+                # isAlive is local (no RPC); asked outside our lock
+                if candidate.epoch == epoch and _alive(candidate.conn):
+                    return candidate
+                self._discard(candidate, epoch)
+                continue
             if primary is None:
                 opened = self._open_primary(action, checkout=True, force=False)
                 if opened is not None:
@@ -580,10 +610,10 @@ class HostConnection:
                 continue  # someone else opened it meanwhile: take a handle from the pool
             return self._open_worker(action, epoch)
 
-    def _discard(self, stale: list[_Handle], epoch: int) -> None:
-        """Idle handles found dead or stale; a dead primary means the host is lost."""
-        dead_primary = next((h for h in stale if h.primary and h.epoch == epoch), None)
-        if dead_primary is not None:
+    def _discard(self, handle: _Handle, epoch: int) -> None:
+        """An idle handle found dead or stale (checked out by us); a dead current primary
+        means the host is lost."""
+        if handle.primary and handle.epoch == epoch:
             self._lose(
                 epoch,
                 HostUnreachable(
@@ -592,32 +622,53 @@ class HostConnection:
                 ),
             )
         with self._state:
-            free = [h for h in stale if h is not self._primary]
-        _dispose_later(free)
+            handle.users -= 1
+            free = handle is not self._primary
+        if free:
+            _dispose_later([handle])
 
     def _checkin(self, handle: _Handle, broken: HostUnreachable | None) -> None:
-        alive = broken is None and not handle.retired and _alive(handle.conn)
-        if broken is None and not alive and not handle.retired:
+        if broken is None and not _alive(handle.conn):
             broken = HostUnreachable(
                 f"connection to {self.host_id} lost: connection is no longer alive",
                 host=self.host_id,
             )
         if broken is not None:
             self._lose(handle.epoch, broken)
-        dispose: list[_Handle] = []
         with self._state:
             handle.users -= 1
+            if handle.streams and not handle.shared:
+                handle.lent = True  # its streams own it until they end
+                return
+        self._release(handle)
+
+    def _release(self, handle: _Handle) -> None:
+        """A handle no call or stream uses any more: back to the pool, or closed if stale."""
+        alive = _alive(handle.conn)
+        dispose = False
+        with self._state:
+            if handle.users or handle.lent or handle.streams:
+                return
             current = handle.epoch == self._epoch and not self._closed
-            if handle.shared:
-                if not current and handle.users == 0 and handle is not self._primary:
-                    dispose.append(handle)
-            elif handle.retired:
-                pass  # its stream owns it now (a retired primary still delivers events)
-            elif current and alive:
-                self._idle.append(handle)
-            elif handle is not self._primary or not current:
-                dispose.append(handle)
-        _dispose_later(dispose)
+            if current and alive:
+                if not handle.shared:
+                    self._idle.append(handle)
+            elif handle is not self._primary:
+                dispose = True
+        if dispose:
+            _dispose_later([handle])
+
+    def _stream_made(self, handle: _Handle, key: int) -> None:
+        with self._state:
+            handle.streams.add(key)
+
+    def _stream_ended(self, handle: _Handle, key: int) -> None:
+        with self._state:
+            handle.streams.discard(key)
+            if handle.streams or not handle.lent:
+                return
+            handle.lent = False
+        self._release(handle)
 
     def _connect(self) -> Any:
         """Open one ``virConnect`` (keepalive on when it speaks RPC)."""
@@ -746,32 +797,36 @@ class HostConnection:
 
     def _start_reconnector(self) -> None:
         with self._state:
-            if self._closed or (self._reconnector is not None and self._reconnector.is_alive()):
+            if self._closed or self._reconnecting:
                 return
-            thread = threading.Thread(
-                target=self._reconnect_loop, name=f"libvirt-reconnect-{self.host_id}", daemon=True
-            )
-            self._reconnector = thread
+            self._reconnecting = True
+        thread = threading.Thread(
+            target=self._reconnect_loop, name=f"libvirt-reconnect-{self.host_id}", daemon=True
+        )
         thread.start()
 
     def _reconnect_loop(self) -> None:
+        """Reopen the primary until it holds; the decision to stop and ``_reconnecting`` change
+        under one lock, so a loss right then starts a new loop instead of being missed."""
         delay = _BACKOFF_FIRST
-        while not self._stop.is_set():
+        while True:
             with self._state:
-                if not self._lost or self._closed:
+                if not self._lost or self._closed or self._stop.is_set():
+                    self._reconnecting = False
                     return
             try:
                 self._open_primary("reconnect", checkout=False, force=True)
-                with self._state:
-                    if not self._lost:
-                        return
-                continue  # lost again at once: go on with the same backoff
             except VirtError as exc:
                 log.info("reconnect to %s failed, retrying in %.1fs: %s", self.host_id, delay, exc)
+            else:
+                with self._state:
+                    if not self._lost:
+                        self._reconnecting = False
+                        return
+                # lost again at once: keep backing off
             with self._state:
                 self._next_attempt = time.monotonic() + delay
-            if self._stop.wait(delay):
-                return
+            self._stop.wait(delay)
             delay = min(_BACKOFF_MAX, delay * 2)
 
     # -- event-thread side ----------------------------------------------------------------

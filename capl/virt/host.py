@@ -1,7 +1,9 @@
 """``LibvirtHost``: the ``capl.ports.virt.Host`` implementation for one libvirt URI.
 
 Every method runs its libvirt calls as one closure in the host's worker pool (see
-``connection.HostConnection.run``). Read-modify-write sequences on one pool or network are
+``connection.HostConnection.run``: a connection of its own, a time limit, a fast
+``HostUnreachable`` while the host is lost). Uploads and base image imports get the long
+time limit. Read-modify-write sequences on one pool or network are
 serialized: they run on that pool's or network's own thread, one after the other (so a busy
 network never ties up worker threads that other operations need, and its queue drains
 without waiting for the event loop in between), and the closure takes the per-pool or
@@ -190,9 +192,11 @@ class LibvirtHost:
         return await self._serial("pool", name, f"delete storage pool {name}", op)
 
     async def ensure_base_image(self, *, pool: str, name: str, source: ImageSource) -> BaseImage:
-        return await self._importer.ensure(
-            self._conn, self._locks, pool=pool, name=name, source=source
-        )
+        # an import copies or downloads a whole image: its calls get the long time limit
+        with self._conn.long_calls():
+            return await self._importer.ensure(
+                self._conn, self._locks, pool=pool, name=name, source=source
+            )
 
     async def create_overlay(
         self, *, pool: str, name: str, backing: BaseImage, capacity_bytes: int
@@ -238,7 +242,12 @@ class LibvirtHost:
             with self._locks.get("pool", pool):
                 return storage.upload_bytes(c, pool, name, data)
 
-        return await self._serial("pool", pool, f"upload volume {name} to pool {pool}", op)
+        return await self._conn.run(
+            f"upload volume {name} to pool {pool}",
+            op,
+            serial=f"pool:{pool}",
+            time_limit=self._conn.long_call_timeout,
+        )
 
     async def get_volume(self, *, pool: str, name: str) -> VolumeInfo | None:
         return await self._conn.run(

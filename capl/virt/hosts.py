@@ -5,6 +5,10 @@ cheap and does no I/O beyond writing credential files: the controllers call it o
 reconcile with the URI and the credentials Secret's data; a changed Secret or changed options
 (compared by digest, never stored in clear beyond the files libvirt needs) replace the host's
 connection, and the old one is closed in the background.
+
+Per-host limits are the registry's: worker threads (``max_workers_per_host``), the time limit
+of ordinary and long calls (``call_timeout``, ``long_call_timeout``) and the cap on calls in
+flight (``max_inflight_per_host``, default 4 x workers); see ``capl.virt.connection``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from capl.ports.virt import HostId, HostOptions, VirtEventListener
-from capl.virt.connection import CallCounter, HostConnection
+from capl.virt.connection import CALL_TIMEOUT, LONG_CALL_TIMEOUT, CallCounter, HostConnection
 from capl.virt.events import EventHub, EventSubscription
 from capl.virt.host import LibvirtHost
 from capl.virt.images import ImageImporter
@@ -37,8 +41,18 @@ def _fingerprint(uri: str, credentials: Mapping[str, bytes] | None, options: Hos
 
 
 class LibvirtHosts:
-    def __init__(self, *, max_workers_per_host: int = 8) -> None:
+    def __init__(
+        self,
+        *,
+        max_workers_per_host: int = 8,
+        call_timeout: float = CALL_TIMEOUT,
+        long_call_timeout: float = LONG_CALL_TIMEOUT,
+        max_inflight_per_host: int | None = None,
+    ) -> None:
         self._max_workers = max_workers_per_host
+        self._call_timeout = call_timeout
+        self._long_call_timeout = long_call_timeout
+        self._max_inflight = max_inflight_per_host
         self._hub = EventHub()
         self._importer = ImageImporter()
         self._lock = threading.Lock()
@@ -66,7 +80,13 @@ class LibvirtHosts:
                 return current[1]
         plan = plan_connection(uri, credentials=credentials, options=options)
         connection = HostConnection(
-            plan, hub=self._hub, counter=self.calls, max_workers=self._max_workers
+            plan,
+            hub=self._hub,
+            counter=self.calls,
+            max_workers=self._max_workers,
+            call_timeout=self._call_timeout,
+            long_call_timeout=self._long_call_timeout,
+            max_inflight=self._max_inflight,
         )
         host = LibvirtHost(connection, importer=self._importer)
         with self._lock:

@@ -98,8 +98,7 @@ async def test_lost_connection_is_reported_and_reestablished(hosts: LibvirtHosts
     generation = connection.generation
     # what the close callback does when libvirt reports a dropped connection (the test
     # driver never fires it; tests/libvirtd drops a real one with virt-admin)
-    raw = connection._conn
-    connection._mark_dead(raw, "simulated EOF")
+    connection.mark_lost("simulated EOF")
     await recorder.wait_for(
         lambda e: isinstance(e, HostEvent) and e.kind is HostEventKind.DISCONNECTED, "disconnect"
     )

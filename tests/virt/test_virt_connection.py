@@ -1,0 +1,235 @@
+"""The connection layer of one host (capl/virt/connection.py): handles, limits, loss.
+
+- which URIs run the driver in this process (one shared handle, no keepalive) and which
+  speak RPC (keepalive asked for, one handle per concurrent call, reused afterwards);
+- a stream keeps its handle out of the pool until it is finished or aborted;
+- the time limit of a call: the caller gets ``HostUnreachable`` naming host and action while
+  the thread stays behind; the cap on calls in flight;
+- a lost host fails new calls at once until the reconnector succeeds (``generation`` bumps).
+
+The RPC cases use libvirtd's shared test driver (``test+unix:///default``); no test sleeps for
+synchronisation (threading events and conditions with deadlines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from capl.ports.errors import HostUnreachable
+from capl.ports.virt import HostEvent, HostEventKind, HostOptions
+from capl.virt import LibvirtHosts
+from capl.virt.connection import HostConnection, in_process
+from capl.virt.uri import plan_connection
+from tests.fixtures.virt import EventRecorder
+
+LOCAL = "test:///default"
+DEADLINE = 10.0
+
+
+async def eventually(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {DEADLINE} s: {what}")
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("test:///default", True),
+        ("test:///tmp/fixture.xml", True),
+        ("test+unix:///default", False),
+        ("test+tcp://h.invalid/default", False),
+        ("test+tls://10.0.0.2:16514/default", False),
+        ("qemu:///system", False),
+        ("qemu+ssh://root@h.invalid/system", False),
+    ],
+)
+def test_only_the_local_test_driver_runs_in_process(uri: str, expected: bool) -> None:
+    plan = plan_connection(uri, options=HostOptions(allow_insecure_tcp=True))
+    try:
+        assert in_process(plan) is expected
+    finally:
+        plan.cleanup()
+
+
+async def test_in_process_driver_shares_one_handle_without_keepalive(
+    hosts: LibvirtHosts,
+) -> None:
+    host = hosts.get(uri=LOCAL)
+    seen: set[int] = set()
+    barrier = threading.Barrier(3, timeout=DEADLINE)
+
+    def op(c: Any) -> None:
+        seen.add(id(c._target))
+        barrier.wait()  # all three run at once
+
+    await asyncio.gather(*(host.connection.run("probe", op) for _ in range(3)))
+    assert len(seen) == 1
+    counts = hosts.calls.snapshot()[host.host_id]
+    assert counts["virConnect.open"] == 1
+    assert "virConnect.setKeepAlive" not in counts
+
+
+async def test_rpc_connection_gives_each_concurrent_call_its_own_handle(
+    hosts: LibvirtHosts, shared_test_driver: str
+) -> None:
+    host = hosts.get(uri=shared_test_driver)
+    connection = host.connection
+    seen: list[int] = []
+    barrier = threading.Barrier(4, timeout=DEADLINE)
+
+    def op(c: Any) -> None:
+        seen.append(id(c._target))
+        barrier.wait()  # all four are in a call at once
+        c.getLibVersion()
+
+    await asyncio.gather(*(connection.run("probe", op) for _ in range(4)))
+    assert len(set(seen)) == 4, "two concurrent calls shared a connection"
+    counts = hosts.calls.snapshot()[host.host_id]
+    assert counts["virConnect.open"] == 4
+    assert counts["virConnect.setKeepAlive"] == 4  # asked for on every RPC handle
+    assert counts["virConnect.domainEventRegisterAny"] == 1  # on the primary only
+    assert connection.handles == 4
+    for _ in range(3):  # sequential calls reuse the pool
+        await host.info()
+    assert hosts.calls.snapshot()[host.host_id]["virConnect.open"] == 4
+
+
+async def test_a_stream_keeps_its_handle_until_it_ends(
+    hosts: LibvirtHosts, shared_test_driver: str
+) -> None:
+    connection = hosts.get(uri=shared_test_driver).connection
+    await connection.run("ping", lambda c: c.getLibVersion())
+    assert connection.handles == 1
+    stream = await connection.run("new stream", lambda c: c.newStream(0))
+    assert connection.handles == 0  # lent to the stream
+    opened = hosts.calls.snapshot()[connection.host_id]["virConnect.open"]
+    await connection.run("ping", lambda c: c.getLibVersion())  # needs another handle
+    assert hosts.calls.snapshot()[connection.host_id]["virConnect.open"] == opened + 1
+    await connection.run("abort stream", lambda _c: stream.abort())
+    assert connection.handles == 2  # the stream's handle is back
+
+
+async def test_call_past_its_time_limit_fails_while_the_thread_stays_behind(
+    hosts: LibvirtHosts,
+) -> None:
+    connection = hosts.get(uri=LOCAL).connection
+    release = threading.Event()
+    try:
+        with pytest.raises(HostUnreachable) as caught:
+            await connection.run("read something slow", lambda _c: release.wait(), time_limit=0.2)
+        assert caught.value.host == LOCAL
+        assert "read something slow on test:///default" in str(caught.value)
+        assert "no answer from the host within 0.2 s" in str(caught.value)
+        assert connection.inflight == 1  # still in libvirt
+        assert await connection.run("ping", lambda c: c.getLibVersion()) > 0
+    finally:
+        release.set()
+    await eventually(lambda: connection.inflight == 0, "the left-behind call finished")
+
+
+async def test_long_calls_get_the_long_time_limit() -> None:
+    hosts = LibvirtHosts(call_timeout=0.2, long_call_timeout=DEADLINE)
+    try:
+        connection = hosts.get(uri=LOCAL).connection
+        release = threading.Event()
+
+        def slow(_c: Any) -> bool:
+            release.wait(0.5)
+            return True
+
+        with pytest.raises(HostUnreachable, match=r"within 0\.2 s"):
+            await connection.run("ordinary", slow)
+        with connection.long_calls():
+            task = asyncio.create_task(connection.run("long", slow))  # inherits the context
+        assert await task
+        release.set()
+    finally:
+        await hosts.close()
+
+
+async def test_calls_in_flight_are_capped_per_host() -> None:
+    hosts = LibvirtHosts(max_inflight_per_host=2)
+    release = threading.Event()
+    try:
+        host = hosts.get(uri=LOCAL)
+        blocked = [
+            asyncio.create_task(host.connection.run("wait", lambda _c: release.wait()))
+            for _ in range(2)
+        ]
+        await eventually(lambda: host.connection.inflight == 2, "two calls in flight")
+        started = time.monotonic()
+        with pytest.raises(HostUnreachable, match=r"2 calls to the host are still unanswered"):
+            await host.connection.run("one more", lambda c: c.getLibVersion())
+        assert time.monotonic() - started < 1.0
+        release.set()
+        await asyncio.gather(*blocked)
+        assert await host.connection.run("ping", lambda c: c.getLibVersion()) > 0
+    finally:
+        release.set()
+        await hosts.close()
+
+
+async def test_lost_host_fails_fast_until_the_reconnect_succeeds(
+    hosts: LibvirtHosts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = EventRecorder()
+    hosts.subscribe(recorder)
+    host = hosts.get(uri=LOCAL)
+    connection: HostConnection = host.connection
+    assert await host.reachable()
+    generation = connection.generation
+    refused = threading.Event()
+    real_connect = connection._connect
+
+    def failing_connect() -> Any:
+        refused.set()
+        raise HostUnreachable(f"connect to {LOCAL}: no route to host", host=LOCAL)
+
+    monkeypatch.setattr(connection, "_connect", failing_connect)
+    connection.mark_lost("keepalive timeout")
+    await recorder.wait_for(
+        lambda e: isinstance(e, HostEvent) and e.kind is HostEventKind.DISCONNECTED, "disconnect"
+    )
+    await eventually(refused.is_set, "a reconnect attempt")
+    started = time.monotonic()
+    for _ in range(5):
+        with pytest.raises(HostUnreachable) as caught:
+            await host.info()
+        assert caught.value.host == LOCAL
+    assert time.monotonic() - started < 1.0, "calls to a lost host must fail at once"
+    assert "next attempt in" in str(caught.value) or "reconnecting" in str(caught.value)
+    assert not connection.connected
+    monkeypatch.setattr(connection, "_connect", real_connect)
+    await recorder.wait_for(
+        lambda e: (
+            isinstance(e, HostEvent)
+            and e.kind is HostEventKind.CONNECTED
+            and connection.generation > generation
+        ),
+        "reconnect",
+    )
+    assert (await host.info()).hypervisor
+    assert connection.connected
+
+
+async def test_close_does_not_wait_for_a_stuck_call(hosts: LibvirtHosts) -> None:
+    host = hosts.get(uri=LOCAL)
+    release = threading.Event()
+    stuck = asyncio.create_task(host.connection.run("stuck", lambda _c: release.wait()))
+    try:
+        await eventually(lambda: host.connection.inflight == 1, "the call runs")
+        await asyncio.wait_for(hosts.close(), timeout=DEADLINE)
+        with pytest.raises(HostUnreachable, match="closed"):
+            await host.info()
+    finally:
+        release.set()
+        await stuck
