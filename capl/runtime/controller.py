@@ -36,7 +36,7 @@ from typing import Protocol
 import structlog
 
 from capl.runtime.clock import Clock, LoopClock
-from capl.runtime.errors import Conflict
+from capl.runtime.errors import ApiError, Conflict, TransportError
 from capl.runtime.handlers import PRIMARY_DEFAULT_PREDICATES, Mapper, Predicate, map_self
 from capl.runtime.informer import Cache, Informer
 from capl.runtime.metrics import RuntimeMetrics
@@ -47,6 +47,17 @@ from capl.runtime.workqueue import RateLimiter, ShutDown, WorkQueue
 log = structlog.get_logger("capl.runtime.controller")
 
 _ids = random.Random()
+
+#: The longest wait before a reconcile that failed on an unavailable API server is retried.
+TRANSIENT_RETRY_MAX = 10.0
+
+
+def transient_api_error(exc: BaseException) -> bool:
+    """No answer from the API server, 429 Too Many Requests, or a 5xx: worth retrying soon,
+    not worth a traceback."""
+    if isinstance(exc, TransportError):
+        return True
+    return isinstance(exc, ApiError) and (exc.code == 429 or exc.code >= 500)
 
 
 def _reconcile_id() -> str:
@@ -298,9 +309,17 @@ class Controller:
                     log.debug("conflict, requeueing", error=exc.message)
                     self.queue.add_rate_limited(key)
                     return
-                except Exception:
+                except Exception as exc:
                     outcome = "error"
                     self.failures += 1
+                    if transient_api_error(exc):
+                        # the API server is away or overloaded: one line, no traceback, and
+                        # a retry whose delay stays under TRANSIENT_RETRY_MAX (the key's own
+                        # backoff would otherwise grow to many minutes during an outage)
+                        delay = min(self.queue.rate_limiter.when(key), TRANSIENT_RETRY_MAX)
+                        log.warning("API server unavailable", error=str(exc), retry_in=delay)
+                        self.queue.add_after(key, delay)
+                        return
                     log.exception("reconcile failed", retries=self.queue.num_requeues(key))
                     self.queue.add_rate_limited(key)
                     return

@@ -403,14 +403,23 @@ def _begin_upload(
     return stream
 
 
+def _import_pool_name(path: str) -> str:
+    return f"capl-import-{short_hash(path, length=12)}"
+
+
 def _source_volume_for_path(c: Any, path: str) -> tuple[Any, Any | None]:
-    """(volume, transient pool to destroy afterwards or None)."""
+    """(volume, transient pool to destroy afterwards or None). The caller holds the path's
+    import lock, so a transient import pool of this path that exists already was left by a
+    process killed mid-import: it is used and destroyed like a new one."""
     volume = lookup(lambda: c.storageVolLookupByPath(path), _NO_VOL)
     if volume is not None:
+        holder = volume.storagePoolLookupByVolume()
+        if holder.name() == _import_pool_name(path) and not holder.isPersistent():
+            return volume, holder
         return volume, None
     directory, filename = os.path.split(os.path.normpath(path))
     transient = c.storagePoolCreateXML(
-        build_pool_xml(name=f"capl-import-{short_hash(path, length=12)}", path=directory or "/"), 0
+        build_pool_xml(name=_import_pool_name(path), path=directory or "/"), 0
     )
     try:
         volume = lookup(lambda: transient.storageVolLookupByName(filename), _NO_VOL)
@@ -456,19 +465,20 @@ def _clone_into(
 def _copy_from_path(
     c: Any, locks: LockTable, pool_name: str, name: str, source: ImageFromPath
 ) -> BaseImage:
-    try:
-        volume, transient = _source_volume_for_path(c, source.path)
-    except libvirt.libvirtError as exc:
-        raise ImageError(
-            f"image file {source.path!r} on the host: {exc.get_error_message()}",
-            code=code_of(exc),
-            reason="ImageNotFound",
-        ) from exc
-    try:
-        return _clone_into(c, locks, pool_name, name, volume, source.format)
-    finally:
-        if transient is not None:
-            _destroy_quietly(transient)
+    with locks.get("import", source.path):
+        try:
+            volume, transient = _source_volume_for_path(c, source.path)
+        except libvirt.libvirtError as exc:
+            raise ImageError(
+                f"image file {source.path!r} on the host: {exc.get_error_message()}",
+                code=code_of(exc),
+                reason="ImageNotFound",
+            ) from exc
+        try:
+            return _clone_into(c, locks, pool_name, name, volume, source.format)
+        finally:
+            if transient is not None:
+                _destroy_quietly(transient)
 
 
 def _clone_volume(

@@ -19,7 +19,7 @@ import libvirt
 import pytest
 
 from capl.ports.errors import ImageChecksumError, StorageError, StorageFull
-from capl.ports.naming import pool_owner_marker
+from capl.ports.naming import pool_owner_marker, short_hash
 from capl.ports.virt import (
     BaseImage,
     ClusterOwner,
@@ -220,6 +220,34 @@ async def test_import_from_host_path_and_from_another_pool(
     )
     assert not in_place.imported
     assert in_place.volume.path == cloned.volume.path
+
+
+async def test_import_pool_left_by_a_killed_import_is_used_and_removed(
+    host: LibvirtHost,
+    pool: tuple[str, ClusterOwner],
+    libvirtd_conn: libvirt.virConnect,
+    tmp_path: Path,
+) -> None:
+    """A manager killed between creating its transient import pool and destroying it leaves
+    the pool behind (libvirtd keeps it until it restarts); the next import of that path
+    finds the file through the pool, copies it, and removes the pool."""
+    name, _ = pool
+    source_dir = tmp_path / "killed"
+    source_dir.mkdir()
+    source = source_dir / "golden.qcow2"
+    _qcow2(source, "32M")
+    leftover = f"capl-import-{short_hash(str(source), length=12)}"
+    xml = (
+        f"<pool type='dir'><name>{leftover}</name><target><path>{source_dir}</path></target></pool>"
+    )
+    await asyncio.to_thread(libvirtd_conn.storagePoolCreateXML, xml, 0)
+    image = await host.ensure_base_image(
+        pool=name, name="capl-base-leftover", source=ImageFromPath(path=str(source))
+    )
+    assert image.imported
+    assert image.virtual_size_bytes == 32 * MIB
+    pools = [p.name() for p in libvirtd_conn.listAllStoragePools(0)]
+    assert leftover not in pools
 
 
 @pytest.fixture

@@ -10,8 +10,15 @@ import pytest
 import structlog
 
 from capl.runtime.clock import FakeClock
-from capl.runtime.controller import Controller, ControllerOptions, Result, Watch, label_filter
-from capl.runtime.errors import Conflict
+from capl.runtime.controller import (
+    TRANSIENT_RETRY_MAX,
+    Controller,
+    ControllerOptions,
+    Result,
+    Watch,
+    label_filter,
+)
+from capl.runtime.errors import ApiError, Conflict, TransportError
 from capl.runtime.handlers import (
     SkipStatusOnlyUpdates,
     field_indexer,
@@ -214,6 +221,42 @@ async def test_results_and_errors(env: Any) -> None:
         reg.get_sample_value("controller_runtime_reconcile_errors_total", {"controller": "toy"})
         == 1
     )
+    await ctrl.shutdown()
+    await task
+
+
+async def test_unavailable_api_server_retries_without_traceback_and_capped_delay(
+    env: Any,
+) -> None:
+    """An outage long enough to push the key's exponential backoff past the cap: every retry
+    still comes within TRANSIENT_RETRY_MAX, each failure logs one warning without a
+    traceback; a plain error afterwards is still reported with its traceback."""
+    api, client, cache, clock, _ = env
+    api.put(CONFIG_MAP, thing("a"))
+    toy = Toy(cache, client)
+    outage = 16  # 0.005 s * 2**15 is far past the cap
+    toy.script = [
+        *(TransportError("connection refused") for _ in range(outage - 1)),
+        ApiError(503, "ServiceUnavailable", "etcd is gone"),
+        RuntimeError("boom"),
+    ]
+    ctrl = controller(env, toy)
+    key = ObjectKey("ns", "a")
+    with structlog.testing.capture_logs() as logs:
+        task = await start(ctrl)
+        for attempt in range(1, outage + 1):
+            await eventually(lambda n=attempt: len(toy.calls) == n)
+            await eventually(lambda: key in ctrl.queue.waiting)
+            clock.advance(TRANSIENT_RETRY_MAX)
+        await eventually(lambda: len(toy.calls) == outage + 1)
+        await eventually(lambda: key in ctrl.queue.waiting)
+    warnings = [e for e in logs if e["event"] == "API server unavailable"]
+    assert len(warnings) == outage
+    assert all(e["log_level"] == "warning" and "exc_info" not in e for e in warnings)
+    assert max(e["retry_in"] for e in warnings) == TRANSIENT_RETRY_MAX
+    failed = [e for e in logs if e["event"] == "reconcile failed"]
+    assert len(failed) == 1
+    assert failed[0].get("exc_info")
     await ctrl.shutdown()
     await task
 
