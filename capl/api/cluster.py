@@ -21,6 +21,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from capl.api.base import (
+    UUID,
     AbsolutePath,
     BridgeName,
     DNSLabel,
@@ -204,6 +205,10 @@ class HostStatus(K8sModel):
     """Name of the cluster's libvirt network on this host."""
     network_created: bool | None = None
     """True when capl created that network (and will remove it), false when adopted."""
+    network_uuid: UUID | None = Field(default=None, alias="networkUUID")
+    """UUID of that network as last seen on this host. It changes when the network is
+    re-created (by capl after it vanished, or out of band), which tells the machines on the
+    host to restore their DHCP reservations and DNS records in it."""
     bridge: str | None = Field(default=None, max_length=15)
     """Bridge device of the network on this host."""
     storage_pool: str | None = Field(default=None, max_length=200)

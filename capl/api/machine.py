@@ -189,6 +189,10 @@ class LibvirtMachineStatus(K8sModel):
     """Host the domain runs on."""
     domain_state: str | None = Field(default=None, max_length=32)
     """libvirt state of the domain (Running, Shutoff, Paused, ...)."""
+    network_uuid: UUID | None = Field(default=None, alias="networkUUID")
+    """UUID of the cluster network (LibvirtCluster status.hosts[].networkUUID of the
+    machine's host) the machine's DHCP reservations and DNS record were last made or
+    restored in; when the LibvirtCluster reports another UUID they are restored again."""
     observed_generation: int | None = Field(default=None, ge=0)
     """The metadata.generation last reconciled."""
     conditions: list[Condition] | None = Field(

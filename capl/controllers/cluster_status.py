@@ -11,6 +11,9 @@ to the stored one and the status patch stays empty.
   reshuffle on a transient outage; a host never reached is published once it answers.
 - `status.hosts[]`: per host, what was observed this time (fields of an unreachable host are
   carried over from the previous status, with `reachable: false` and the cause in `message`).
+  `networkUUID` is the network's identity: the LibvirtMachine controller watches it and, when
+  it changes (the network was re-created, by this controller after it vanished or out of
+  band), the machines on that host restore their DHCP reservations and DNS records.
 - Conditions: `HostsReachable` names the hosts that could not be used and why;
   `NetworkReady` / `StorageReady` judge the reachable hosts; `ControlPlaneEndpointReady`
   the endpoint and its records; `Ready` summarises the four in that order.
@@ -95,6 +98,9 @@ def host_statuses(
         if report.network is not None:
             entry["network"] = report.network.name
             entry["networkCreated"] = bool(report.network_created_by_capl)
+            if report.network.uuid:
+                # a new UUID (network re-created) makes the machines restore their entries
+                entry["networkUUID"] = report.network.uuid.lower()
             if report.network.bridge:
                 entry["bridge"] = report.network.bridge
             else:

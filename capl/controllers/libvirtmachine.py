@@ -43,6 +43,22 @@ After creation
     The workload Node gets the providerID through the `<cluster>-kubeconfig` Secret while
     the Machine has no nodeRef (requeued every `node_poll` until the Node exists).
 
+Re-created networks
+    The cluster network's DHCP reservations and DNS records live in the network's
+    definition: when the network is destroyed and defined again (the LibvirtCluster
+    controller re-creates a network of its own that vanished; someone runs virsh), they are
+    gone, and a guest would get another address at its next lease and its name would not
+    resolve. The LibvirtCluster reports each host's network UUID (status.hosts[].networkUUID)
+    and the machine records the UUID its entries were made or restored in
+    (status.networkUUID). The LibvirtCluster watch requeues the cluster's machines when
+    status.hosts changes; a machine whose recorded UUID differs restores its reservations
+    with the MACs its domain's definition holds (a collision fallback included) and the
+    addresses it had (spec, lease/agent by MAC, else its InternalIPs in the CIDR) plus its
+    DNS name: idempotent (present entries are only read), then the new UUID is recorded (a
+    Normal event names what was ensured). Nothing polls libvirt for this: a settled machine
+    whose network keeps its UUID makes no call. A failure is a Warning event and a retry
+    with backoff; the conditions do not change (the domain itself is fine).
+
 Deletion
     Ready False/Deleting; ACPI shutdown requested, requeued until the domain is off or
     `shutdown_timeout` since metadata.deletionTimestamp passed (no worker waits); undefine
@@ -158,6 +174,7 @@ from capl.controllers.machine_plan import (
     owner_matches,
     pending_on_host,
     read_bootstrap,
+    restore_plan,
 )
 from capl.ports.bootstrap import build_nocloud_iso
 from capl.ports.errors import (
@@ -180,6 +197,7 @@ from capl.ports.virt import (
     HostEvent,
     HostId,
     HostInfo,
+    InterfaceAddress,
     VirtEvent,
 )
 from capl.runtime.conditions import get_condition, rfc3339, set_condition, summarize
@@ -393,6 +411,10 @@ class _Target:
     bridge_mode: bool
     credentials_secret: str | None
     info: HostInfo | None = None
+    cidr: str | None = None
+    network_uuid: str | None = None
+    """The network's UUID on this host as the LibvirtCluster last reported it
+    (status.hosts[].networkUUID); None when not reported (yet)."""
 
     def placement(self, cluster: str) -> Placement:
         return Placement(
@@ -440,6 +462,8 @@ class _Leftover:
 
 
 ROLLED_BACK_REASON = "VanishedMachineRolledBack"
+NETWORK_RESTORED_REASON = "NetworkEntriesRestored"
+NETWORK_RESTORE_FAILED_REASON = "NetworkEntriesRestoreFailed"
 ORPHAN_REMOVED_REASON = "OrphanDomainRemoved"
 
 
@@ -939,6 +963,10 @@ class LibvirtMachineReconciler:
         except (CredentialsMissing, CredentialsError) as exc:
             raise _Problem(Failure(c.Reason.CREDENTIALS_INVALID, str(exc), False)) from None
         ref = entry.credentials_ref
+        reported = next(
+            (h for h in lcluster.status.hosts or () if h.name == entry.name and h.network_uuid),
+            None,
+        )
         return _Target(
             name=entry.name,
             uri=str(entry.uri),
@@ -948,6 +976,12 @@ class LibvirtMachineReconciler:
             dns_domain=lay.dns_domain,
             bridge_mode=lcluster.spec.network.mode == "bridge",
             credentials_secret=ref.name if ref is not None and ref.name else None,
+            cidr=lay.cidr,
+            network_uuid=(
+                str(reported.network_uuid).lower()
+                if reported is not None and reported.network and reported.network == lay.network
+                else None
+            ),
         )
 
     async def _ensure(
@@ -1054,8 +1088,12 @@ class LibvirtMachineReconciler:
             return await self._finish(work, self._fail(key, work, problem.failure))
         except VirtError as exc:
             return await self._finish(work, self._fail(key, work, classify(exc)))
-        self._failures.pop(key, None)
         fresh_creation = created_reason is not None and created_reason != c.Reason.DOMAIN_RESTARTED
+        restore_retry = await self._network_entries(
+            key, work, lm, target, ident, domain_uuid, observed, fqdn, made=fresh_creation
+        )
+        if restore_retry is None:
+            self._failures.pop(key, None)
         self._set_domain_state(work, info)
         if created_reason == c.Reason.DOMAIN_RECREATED:
             self._set(
@@ -1090,6 +1128,10 @@ class LibvirtMachineReconciler:
             node_result = await self._node_provider_id(key, machine, ident, domain_uuid)
             if node_result is not None:
                 result = node_result
+        if restore_retry is not None:
+            retry_in = restore_retry.requeue_after or 0.0
+            if result.requeue_after is None or retry_in < result.requeue_after:
+                result = restore_retry
         result = await self._finish(work, result)
         if fresh_creation:
             fault_point("status-written")
@@ -1359,6 +1401,128 @@ class LibvirtMachineReconciler:
             field="mac",
             value=candidates[-1],
         )
+
+    async def _network_entries(
+        self,
+        key: ObjectKey,
+        work: _Work,
+        lm: LibvirtMachine,
+        target: _Target,
+        ident: _Identity,
+        domain_uuid: str,
+        observed: list[InterfaceAddress],
+        fqdn: str | None,
+        *,
+        made: bool,
+    ) -> Result | None:
+        """Restore the DHCP reservations and DNS record after the network was re-created
+        (see "Re-created networks" in the module docstring); a retry on failure, else None.
+
+        Runs only when the LibvirtCluster reports another network UUID for the host than
+        the one recorded in status.networkUUID: a settled machine makes no libvirt call."""
+        wanted = target.network_uuid
+        if not wanted or not target.network or target.bridge_mode:
+            return None
+        status = work.status
+        previous = status.get("networkUUID")
+        if previous == wanted:
+            return None
+        if made:  # the reservations were made just now, in the network as it is
+            status["networkUUID"] = wanted
+            return None
+        try:
+            restored = await self._restore_reservations(
+                target, lm, ident, domain_uuid, observed, fqdn, recorded=internal_ips(work.current)
+            )
+        except VirtError as exc:
+            failure = classify(exc)
+            failures = self._failures.get(key, 0)
+            self._failures[key] = failures + 1
+            if failures == 0:
+                self.deps.recorder.event(
+                    work.current,
+                    "Warning",
+                    NETWORK_RESTORE_FAILED_REASON,
+                    f"restoring the DHCP reservations and DNS record in network "
+                    f"{target.network} on host {target.name}: {failure.message}",
+                )
+            delay = self.options.retry_first * (2**failures)
+            return Result(requeue_after=min(self.options.retry_max, delay))
+        status["networkUUID"] = wanted
+        if previous:
+            message = (
+                f"network {target.network} on host {target.name} was re-created "
+                f"(UUID {previous} -> {wanted}); ensured DHCP reservation(s) "
+                f"{', '.join(restored) or '(none)'}"
+                + (f" and DNS name {fqdn}" if fqdn and restored else "")
+            )
+            log.info("network entries restored", network=target.network, host=target.name)
+            self.deps.recorder.event(work.current, "Normal", NETWORK_RESTORED_REASON, message)
+        return None
+
+    async def _restore_reservations(
+        self,
+        target: _Target,
+        lm: LibvirtMachine,
+        ident: _Identity,
+        domain_uuid: str,
+        observed: list[InterfaceAddress],
+        fqdn: str | None,
+        *,
+        recorded: Iterable[str],
+    ) -> list[str]:
+        """ensure_dhcp_host for every cluster-network NIC with the MAC the domain uses and
+        the address the machine had, the DNS name with the first one (idempotent: present
+        entries are only read). Returns "mac=ip" per reservation."""
+        host, network = target.host, target.network
+        assert network is not None
+        plans = nic_plans(lm.spec, cluster_network=network, bridge_mode=target.bridge_mode)
+        if not any(p.cluster_network for p in plans):
+            return []
+        nics = await host.domain_nics(domain_uuid)
+        items = restore_plan(
+            plans,
+            nics,
+            network=network,
+            observed=observed,
+            recorded=list(recorded),
+            cidr=target.cidr,
+        )
+        exclude = self._recorded_ips(ident) if any(i.ip is None for i in items) else set()
+        done: list[str] = []
+        for index, item in enumerate(items):
+            dhcp_name = item.plan.dhcp_name(ident.hostname)
+            dns = (fqdn,) if fqdn and index == 0 else ()
+            try:
+                try:
+                    reservation = await host.ensure_dhcp_host(
+                        network=network,
+                        mac=item.mac,
+                        name=dhcp_name,
+                        ip=item.ip,
+                        exclude=exclude,
+                        dns_hostnames=dns,
+                    )
+                except AddressConflict as exc:
+                    if exc.field != "mac" or item.plan.ip:
+                        raise
+                    # the MAC is reserved already, for another address than the one the
+                    # machine reported: that reservation stands (checked by name below)
+                    reservation = await host.ensure_dhcp_host(
+                        network=network, mac=item.mac, name=dhcp_name, dns_hostnames=dns
+                    )
+            except Unsupported:
+                return done  # no DHCP managed by libvirt on this network
+            if reservation.name != dhcp_name:
+                raise AddressConflict(
+                    f"network {network!r}: MAC {item.mac} of the domain is reserved for host "
+                    f"{reservation.name or '(unnamed)'} ({reservation.ip})",
+                    field="mac",
+                    value=item.mac,
+                )
+            exclude.add(reservation.ip)
+            done.append(f"{reservation.mac}={reservation.ip}")
+        return done
 
     async def _rollback(
         self,

@@ -12,6 +12,8 @@ The reconciler (`capl.controllers.libvirtmachine`) reads the world and acts; eve
 - the libvirt domain (`build_domain_spec`);
 - addresses (`merge_addresses`): lease + agent, the last known address kept while a source
   reports nothing;
+- which reservations to restore in a re-created network (`restore_plan`): the MACs the
+  domain's definition holds, the addresses the machine had;
 - error classification (`classify`): condition reason, whether to retry soon, whether what a
   failed creation left must be rolled back;
 - fault-injection points for the crash-consistency test (`fault_point`);
@@ -72,6 +74,7 @@ from capl.ports.virt import (
     DiskBus,
     DiskDevice,
     DiskSpec,
+    DomainNic,
     DomainOwner,
     DomainSpec,
     Firmware,
@@ -101,6 +104,7 @@ __all__ = [
     "NicPlan",
     "OrphanTracker",
     "Placement",
+    "Restore",
     "accounts_for",
     "build_domain_spec",
     "choose_host",
@@ -119,6 +123,7 @@ __all__ = [
     "pending_on_host",
     "read_bootstrap",
     "recorded_ips",
+    "restore_plan",
 ]
 
 GIB: Final = 1024**3
@@ -518,6 +523,62 @@ def merge_addresses(
     if fqdn:
         result.append({"type": c.AddressType.INTERNAL_DNS.value, "address": fqdn})
     return result, bool(ips)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Restore:
+    """One DHCP reservation to restore: the NIC, the MAC its domain uses, the address."""
+
+    plan: NicPlan
+    mac: str
+    ip: str | None
+    """None: no address known for this NIC (a free one is picked)."""
+
+
+def restore_plan(
+    plans: Sequence[NicPlan],
+    nics: Sequence[DomainNic],
+    *,
+    network: str,
+    observed: Iterable[InterfaceAddress],
+    recorded: Sequence[str],
+    cidr: str | None,
+) -> list[Restore]:
+    """The reservations of a running machine in its cluster network, to be made again after
+    the network was re-created (its DHCP hosts and DNS records went with it).
+
+    NICs pair with the domain's interfaces by position (the domain was defined from the
+    same plans, in that order); the MAC is the domain's, which may be a collision fallback
+    rather than the first candidate. The address, per NIC: the spec's `ip`, else what the
+    lease or guest agent reports for that MAC, else the machine's recorded InternalIPs in
+    the network's CIDR that no other NIC took, in order (the guest keeps its address until
+    its lease runs out, so the reservation must give it the same one)."""
+    net = ipaddress.IPv4Network(cidr, strict=False) if cidr else None
+
+    def inside(ip: str) -> bool:
+        try:
+            address = ipaddress.ip_address(ip)
+        except ValueError:
+            return False
+        return address.version == 4 and (net is None or address in net)
+
+    by_mac: dict[str, str] = {}
+    for address in observed:  # lease first (merge order), then agent
+        if inside(address.ip):
+            by_mac.setdefault(address.mac.lower(), address.ip)
+    result: list[Restore] = []
+    for plan, nic in zip(plans, nics, strict=False):
+        if not plan.cluster_network or nic.network != network:
+            continue
+        result.append(Restore(plan=plan, mac=nic.mac, ip=plan.ip or by_mac.get(nic.mac)))
+    taken = {r.ip for r in result if r.ip}
+    spare = [ip for ip in recorded if inside(ip) and ip not in taken]
+    filled: list[Restore] = []
+    for item in result:
+        if item.ip is None and spare:
+            item = Restore(plan=item.plan, mac=item.mac, ip=spare.pop(0))
+        filled.append(item)
+    return filled
 
 
 def internal_ips(obj: Mapping[str, Any]) -> tuple[str, ...]:

@@ -70,6 +70,7 @@ __all__ = [
     "DomainEvent",
     "DomainEventKind",
     "DomainInfo",
+    "DomainNic",
     "DomainOwner",
     "DomainSpec",
     "DomainState",
@@ -466,6 +467,21 @@ class DomainInfo:
     """The capl metadata tag, None on a domain capl did not create."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DomainNic:
+    """A NIC of a defined domain as its persistent definition has it (guest order).
+
+    The MAC is the one the guest uses, which may be a collision fallback rather than the
+    first derived candidate: a caller that restores a DHCP reservation takes it from here."""
+
+    mac: str
+    """Lower case, colon separated."""
+    network: str | None = None
+    """The libvirt network (``<interface type='network'>``), else None."""
+    bridge: str | None = None
+    """The host bridge (``<interface type='bridge'>``), else None."""
+
+
 class StopResult(enum.StrEnum):
     ALREADY_STOPPED = "already-stopped"
     SHUTDOWN = "shutdown"
@@ -724,6 +740,11 @@ class Host(Protocol):
 
     async def domain_addresses(self, uuid: str) -> list[InterfaceAddress]:
         """DHCP lease and guest agent addresses, merged (one entry per source and IP)."""
+        ...
+
+    async def domain_nics(self, uuid: str) -> list[DomainNic]:
+        """The NICs of the domain's persistent definition, in guest order (one read, no
+        change). DomainNotFound when the domain does not exist."""
         ...
 
 

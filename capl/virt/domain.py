@@ -19,6 +19,7 @@ from capl.ports.virt import (
     CAPL_XML_PREFIX,
     AddressSource,
     DomainInfo,
+    DomainNic,
     DomainOwner,
     DomainSpec,
     DomainState,
@@ -29,6 +30,7 @@ from capl.virt.domainxml import build_domain_xml, owner_from_metadata_xml, owner
 from capl.virt.errors import is_unsupported_flags
 from capl.virt.states import state_of, state_reason_name
 from capl.virt.support import code_of, lookup
+from capl.virt.xmlutil import parse
 
 __all__ = [
     "define",
@@ -37,6 +39,8 @@ __all__ = [
     "get",
     "get_by_name",
     "list_owned",
+    "nics",
+    "nics_from_xml",
     "request_shutdown",
     "retag",
     "start",
@@ -315,3 +319,36 @@ def domain_addresses(c: Any, uuid: str) -> list[InterfaceAddress]:
                     family=family,
                 )
     return sorted(found.values(), key=lambda a: (a.source != AddressSource.LEASE, a.mac, a.ip))
+
+
+def nics_from_xml(document: str) -> list[DomainNic]:
+    """The ``<interface>`` devices of a domain definition, in document (guest) order.
+    Interfaces of other types (user, direct, ...) are listed with neither network nor
+    bridge; an interface without a MAC is skipped (libvirt always writes one)."""
+    result: list[DomainNic] = []
+    for element in parse(document).findall("./devices/interface"):
+        mac_element = element.find("mac")
+        mac = (mac_element.get("address") if mac_element is not None else None) or ""
+        if not mac:
+            continue
+        source = element.find("source")
+        kind = element.get("type")
+        network = source.get("network") if source is not None and kind == "network" else None
+        bridge = source.get("bridge") if source is not None and kind == "bridge" else None
+        result.append(DomainNic(mac=mac.lower(), network=network, bridge=bridge))
+    return result
+
+
+def nics(c: Any, uuid: str) -> list[DomainNic]:
+    """The NICs of the persistent definition (``VIR_DOMAIN_XML_INACTIVE``: what the next
+    boot uses); one XMLDesc, nothing changed."""
+    domain = _by_uuid(c, uuid)
+    if domain is None:
+        raise DomainNotFound(f"domain {uuid} does not exist")
+    try:  # a transient domain answers with its live definition
+        document = domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    except libvirt.libvirtError as exc:
+        if code_of(exc) == _NO_DOMAIN:
+            raise DomainNotFound(f"domain {uuid} does not exist") from None
+        raise
+    return nics_from_xml(str(document))

@@ -34,6 +34,7 @@ from capl.ports.virt import (
     DhcpLease,
     DnsHost,
     DomainInfo,
+    DomainNic,
     DomainOwner,
     DomainSpec,
     DomainState,
@@ -460,4 +461,9 @@ class LibvirtHost:
     async def domain_addresses(self, uuid: str) -> list[InterfaceAddress]:
         return await self._conn.run(
             f"read addresses of domain {uuid}", lambda c: domains.domain_addresses(c, uuid)
+        )
+
+    async def domain_nics(self, uuid: str) -> list[DomainNic]:
+        return await self._conn.run(
+            f"read interfaces of domain {uuid}", lambda c: domains.nics(c, uuid)
         )

@@ -36,7 +36,10 @@ The entry cache (``NetworkCache``)
       record is always read fresh before it is changed.
     - An entry is refreshed on a miss and after any failed update, dropped when the network
       is created or deleted, and ignored after a reconnect (entries carry the connection
-      generation they were read on). A restarted manager starts with an empty cache.
+      generation they were read on) or when the network was re-created behind this
+      process's back (entries carry the network UUID they were read from, compared with the
+      looked-up handle's UUID, which costs no call). A restarted manager starts with an
+      empty cache.
 
     An address picked from a stale cache may only skip addresses someone else released in
     the meantime (they are picked up at the next refresh); the ``exclude`` set (addresses
@@ -119,6 +122,11 @@ def _require(c: Any, name: str) -> Any:
     if network is None:
         raise NetworkNotFound(f"network {name!r} does not exist")
     return network
+
+
+def _uuid_of(network: Any) -> str:
+    """The handle's UUID (kept in the handle by the lookup: no call to the host)."""
+    return str(network.UUIDString()).lower()
 
 
 def network_info(network: Any, *, created: bool = False, inactive_xml: bool = False) -> NetworkInfo:
@@ -359,10 +367,12 @@ class NetworkEntries:
         "generation",
         "name",
         "network",
+        "uuid",
     )
 
     def __init__(self, info: NetworkInfo, *, generation: int) -> None:
         self.name = info.name
+        self.uuid = info.uuid.lower()
         self.generation = generation
         self.fresh = True
         self.gateway = info.gateway
@@ -437,7 +447,11 @@ class NetworkCache:
         """The cached entries, read from libvirt when missing or from an older connection."""
         with self._guard:
             cached = self._entries.get(name)
-        if cached is not None and cached.generation == generation:
+        if (
+            cached is not None
+            and cached.generation == generation
+            and cached.uuid == _uuid_of(network)
+        ):
             cached.fresh = False
             return cached
         return self.refresh(network, name, generation=generation)
@@ -450,11 +464,18 @@ class NetworkCache:
             self._entries[name] = entries
         return entries
 
-    def cached(self, name: str, *, generation: int) -> NetworkEntries | None:
-        """The cached entries of this connection, or None (no read)."""
+    def cached(
+        self, name: str, *, generation: int, uuid: str | None = None
+    ) -> NetworkEntries | None:
+        """The cached entries of this connection (and of the network with ``uuid`` when
+        given), or None (no read)."""
         with self._guard:
             cached = self._entries.get(name)
-        return cached if cached is not None and cached.generation == generation else None
+        if cached is None or cached.generation != generation:
+            return None
+        if uuid is not None and cached.uuid != uuid.lower():
+            return None
+        return cached
 
     def confirmed(self, network: Any, entries: NetworkEntries) -> NetworkEntries:
         """``entries`` if read in this operation, else a fresh read (confirms a positive
@@ -582,7 +603,7 @@ def remove_dhcp_host(c: Any, name: str, mac: str, *, cache: NetworkCache, genera
         if mac not in cache.refresh(network, name, generation=generation).by_mac:
             return False
         raise
-    cached = cache.cached(name, generation=generation)
+    cached = cache.cached(name, generation=generation, uuid=_uuid_of(network))
     if cached is not None:
         cached.released(mac)
     return True

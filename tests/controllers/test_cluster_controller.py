@@ -99,6 +99,7 @@ async def test_creates_network_and_pool_publishes_failure_domain_and_endpoint(
             "libvirtVersion": "9.0.0",
             "network": derived,
             "networkCreated": True,
+            "networkUUID": status["hosts"][0].get("networkUUID"),
             "storagePool": derived,
             "storagePoolCreated": True,
         }
@@ -116,6 +117,7 @@ async def test_creates_network_and_pool_publishes_failure_domain_and_endpoint(
     host = h.host()
     network = await host.get_network(derived)
     assert network is not None
+    assert status["hosts"][0]["networkUUID"] == network.uuid
     assert (network.mode, network.cidr, network.dns_domain) == (NetworkMode.ISOLATED, cidr, domain)
     assert (network.active, network.persistent, network.autostart) == (True, True, True)
     assert network.owner == ClusterOwner(namespace=ns, name=name, uid=obj["metadata"]["uid"])

@@ -194,6 +194,7 @@ def test_host_statuses_carry_over_while_unreachable() -> None:
             "libvirtVersion": "9.0.0",
             "network": "net",
             "networkCreated": True,
+            "networkUUID": "n",
             "bridge": "virbr9",
             "storagePool": "pool",
             "storagePoolCreated": True,
@@ -211,6 +212,7 @@ def test_host_statuses_carry_over_while_unreachable() -> None:
             "libvirtVersion": "9.0.0",
             "network": "net",
             "networkCreated": False,
+            "networkUUID": "n",
             "storagePool": "pool",
             "storagePoolCreated": False,
         }

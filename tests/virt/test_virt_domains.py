@@ -12,6 +12,7 @@ from capl.ports.errors import AlreadyExists, DomainNotFound, ForeignDomainError,
 from capl.ports.naming import machine_mac, machine_names
 from capl.ports.virt import (
     DiskSpec,
+    DomainNic,
     DomainOwner,
     DomainSpec,
     DomainState,
@@ -233,3 +234,28 @@ async def test_calls_are_counted_per_method(hosts: LibvirtHosts, host: LibvirtHo
     assert "virDomain.UUIDString" not in counts  # local, not a libvirt call
     assert hosts.calls.total(host.host_id) - before <= 11
     await host.undefine_domain(spec.uuid, owner=owner)
+
+
+async def test_domain_nics_are_read_from_the_definition(host: LibvirtHost) -> None:
+    owner = _owner()
+    fallback = machine_mac(
+        cluster=owner.cluster, namespace=owner.namespace, name=owner.name, attempt=2
+    )
+    spec = _spec(
+        owner,
+        nics=(
+            NicSpec(mac=fallback.upper(), network="default"),
+            NicSpec(mac="52:54:00:aa:bb:cc", bridge="br-test"),
+        ),
+    )
+    await host.define_domain(spec)
+    try:
+        nics = await host.domain_nics(spec.uuid)
+        assert nics == [
+            DomainNic(mac=fallback.lower(), network="default"),
+            DomainNic(mac="52:54:00:aa:bb:cc", bridge="br-test"),
+        ]
+    finally:
+        await host.undefine_domain(spec.uuid, owner=owner)
+    with pytest.raises(DomainNotFound):
+        await host.domain_nics(spec.uuid)

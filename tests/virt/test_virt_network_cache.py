@@ -222,6 +222,10 @@ class _FakeNetwork:
         self.reads += 1
         return self.xml
 
+    def UUIDString(self) -> str:
+        found = ET.fromstring(self.xml).find("uuid")
+        return found.text or "" if found is not None else ""
+
 
 def test_cache_entries_from_another_connection_are_read_again() -> None:
     network: Any = _FakeNetwork(
@@ -243,3 +247,70 @@ def test_cache_entries_from_another_connection_are_read_again() -> None:
     cache.drop("n")
     cache.entries(network, "n", generation=2)
     assert network.reads == 3
+    # re-created (another UUID): read again although the connection is the same
+    network.xml = network.xml.replace(
+        "<name>n</name>", "<name>n</name><uuid>" + "1" * 32 + "</uuid>"
+    )
+    recreated = cache.entries(network, "n", generation=2)
+    assert network.reads == 4
+    assert recreated.uuid == "1" * 32
+    assert cache.entries(network, "n", generation=2) is recreated
+    assert cache.cached("n", generation=2, uuid="2" * 32) is None
+
+
+async def test_network_recreated_elsewhere_drops_the_cached_entries(
+    other: libvirt.virConnect,
+) -> None:
+    """A network destroyed and defined again behind the adapter's back (new UUID) is read
+    again before a decision: no address is picked from the old network's entries (which
+    would cost a refused update) and the old reservations are not taken for present."""
+    registry = LibvirtHosts()
+    host = registry.get(uri=URI)
+    owner = ClusterOwner(namespace="ns", name="c-" + secrets.token_hex(3), uid="u")
+    name = "capl-cache-" + secrets.token_hex(4)
+    cidr = f"10.{secrets.randbelow(200) + 20}.{secrets.randbelow(256)}.0/24"
+    spec = NetworkSpec(name=name, mode=NetworkMode.ISOLATED, owner=owner, cidr=cidr)
+    try:
+        created = await host.ensure_network(spec)
+        first = await host.ensure_dhcp_host(network=name, mac="52:54:00:40:00:01", name="a")
+        # re-created elsewhere, empty, then someone reserves the address the cache thinks is
+        # the next free one
+        old = other.networkLookupByName(name)
+        root = ET.fromstring(old.XMLDesc(0))
+        for element in root.findall("uuid") + root.findall("ip/dhcp/host"):
+            parent = root if element.tag == "uuid" else root.find("ip/dhcp")
+            assert parent is not None
+            parent.remove(element)
+        old.destroy()
+        old.undefine()
+        new = other.networkDefineXML(ET.tostring(root, encoding="unicode"))
+        new.create()
+        assert new.UUIDString() != created.uuid
+        nxt = str(ipaddress.IPv4Address(first.ip) + 1)
+        new.update(
+            libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
+            libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST,
+            -1,
+            f"<host mac='52:54:00:40:00:09' name='z' ip='{nxt}'/>",
+            FLAGS,
+        )
+        registry.calls.reset()
+        reads = host.network_cache.reads
+        again = await host.ensure_dhcp_host(
+            network=name, mac="52:54:00:40:00:01", name="a", ip=first.ip
+        )
+        third = await host.ensure_dhcp_host(network=name, mac="52:54:00:40:00:02", name="b")
+        assert again.ip == first.ip
+        assert third.ip not in (first.ip, nxt)
+        assert host.network_cache.reads == reads + 1  # one read of the new network
+        updates = registry.calls.snapshot()[host.host_id].get("virNetwork.update", 0)
+        assert updates == 2  # no refused update
+        dhcp, _ = _entries(other, name)
+        assert sorted(h["mac"] for h in dhcp) == [
+            "52:54:00:40:00:01",
+            "52:54:00:40:00:02",
+            "52:54:00:40:00:09",
+        ]
+    finally:
+        await host.delete_network(name=name, owner=owner)
+        await registry.close()
