@@ -66,6 +66,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_duration(text: str) -> float:
+    value = parse_duration(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive duration (e.g. 30s, 10m), got {text!r}"
+        )
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with our exit code for usage errors and one-line messages."""
 
@@ -147,6 +156,31 @@ def _add_manager(sub: argparse._SubParsersAction[_Parser]) -> None:
         type=parse_duration,
         default=60.0,
         help="re-check every cluster's hosts this often, 0 disables (60s)",
+    )
+    lv = p.add_argument_group("libvirt calls (per host)")
+    lv.add_argument(
+        "--libvirt-call-timeout",
+        type=_positive_duration,
+        default=30.0,
+        help="time limit of one libvirt call (30s)",
+    )
+    lv.add_argument(
+        "--libvirt-long-call-timeout",
+        type=_positive_duration,
+        default=1800.0,
+        help="time limit of an image import or upload (30m)",
+    )
+    lv.add_argument(
+        "--libvirt-workers-per-host",
+        type=_positive_int,
+        default=8,
+        help="threads running libvirt calls to one host (8)",
+    )
+    lv.add_argument(
+        "--libvirt-max-inflight-per-host",
+        type=_positive_int,
+        default=None,
+        help="unanswered calls to one host before new ones fail at once (4 x workers)",
     )
     p.add_argument("--log-level", default="info", help="debug, info, warning, error")
     p.add_argument("--log-format", choices=("auto", "json", "console"), default="auto")

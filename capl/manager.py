@@ -28,6 +28,7 @@ from capl.runtime.errors import ApiError, TransportError
 from capl.runtime.logging import configure_logging
 from capl.runtime.manager import LeadershipLost, Manager, ManagerOptions
 from capl.runtime.resources import LIBVIRT_CLUSTER
+from capl.virt.connection import CALL_TIMEOUT, LONG_CALL_TIMEOUT
 from capl.virt.hosts import LibvirtHosts
 from capl.webhooks.server import CERT_NAME, KEY_NAME, WebhookServer, create_app
 
@@ -49,6 +50,22 @@ class ProviderOptions:
     cluster: libvirtcluster.LibvirtClusterOptions = field(
         default_factory=libvirtcluster.LibvirtClusterOptions
     )
+    #: per-host limits of libvirt calls (capl.virt.connection): the time limit of an ordinary
+    #: call and of a long one (image import/upload), worker threads, and calls in flight
+    #: (None: 4 x workers)
+    libvirt_call_timeout: float = CALL_TIMEOUT
+    libvirt_long_call_timeout: float = LONG_CALL_TIMEOUT
+    libvirt_workers_per_host: int = 8
+    libvirt_max_inflight_per_host: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("libvirt_call_timeout", "libvirt_long_call_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("libvirt_workers_per_host", "libvirt_max_inflight_per_host"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value!r}")
 
 
 class _CachedClusters:
@@ -86,7 +103,12 @@ class Built:
 def build(options: ProviderOptions, client: KubeClient) -> Built:
     """The manager with both controllers and the webhooks registered (not started)."""
     manager = Manager(options.manager, client)
-    hosts = LibvirtHosts()
+    hosts = LibvirtHosts(
+        max_workers_per_host=options.libvirt_workers_per_host,
+        call_timeout=options.libvirt_call_timeout,
+        long_call_timeout=options.libvirt_long_call_timeout,
+        max_inflight_per_host=options.libvirt_max_inflight_per_host,
+    )
     workload = KubeWorkloadClusters()
     deps = Deps(
         cache=manager.cache,
@@ -147,6 +169,10 @@ def options_from_args(args: argparse.Namespace) -> ProviderOptions:
         cluster=libvirtcluster.LibvirtClusterOptions(
             health_interval=args.cluster_health_interval or None
         ),
+        libvirt_call_timeout=args.libvirt_call_timeout,
+        libvirt_long_call_timeout=args.libvirt_long_call_timeout,
+        libvirt_workers_per_host=args.libvirt_workers_per_host,
+        libvirt_max_inflight_per_host=args.libvirt_max_inflight_per_host,
     )
 
 
