@@ -495,8 +495,10 @@ def _interact(session: _Session) -> int:
     where = f"{target.namespace}/{target.machine} (domain {target.uuid} on {target.host.name})"
     try:
         if session.channel is not None:
-            _say(f"Connected to {where}. Escape character is ^]")
+            # raw mode first: what the user types after the banner goes to the guest
+            # (a CR ends the line: raw mode does no output processing)
             with raw_terminal(stdin_fd):
+                _say(f"Connected to {where}. Escape character is ^]\r")
                 how = bridge(session.channel, stdin_fd=stdin_fd, stdout_fd=stdout_fd)
             if how == "console-closed":
                 _say(f"\ncapl: {session.channel.end_reason or 'the console closed'}")
@@ -504,12 +506,12 @@ def _interact(session: _Session) -> int:
                 _say("")
             return EXIT_OK
         assert session.log is not None
-        _say(
-            f"{session.why_log}: following the console log {session.log.path} of {where} "
-            "(read-only). Ctrl-] leaves"
-        )
         path = session.log.path
         with raw_terminal(stdin_fd):
+            _say(
+                f"{session.why_log}: following the console log {path} of {where} "
+                "(read-only). Ctrl-] leaves\r"
+            )
             follow_log(
                 path,
                 stdin_fd=stdin_fd,
