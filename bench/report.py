@@ -449,6 +449,12 @@ def results_section(
         f"Measured at: {measured}. The numbers in full: `bench/results/*.json`; "
         "`summary.json` holds the table.",
     ]
+    if plots:
+        lines += [
+            "",
+            "The plots below are written by `make bench` into `bench/results/` and are not "
+            "committed (PNG files stay out of git): run it to see them.",
+        ]
     for name in plots:
         caption = CAPTIONS.get(name.removesuffix(".png"), "")
         lines += ["", f"![{name.removesuffix('.png')}](../bench/results/{name})"]
