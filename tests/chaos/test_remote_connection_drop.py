@@ -1,6 +1,6 @@
-"""Reproduction: calls in flight on a remote libvirt connection whose link dies.
+"""Regression test: calls in flight on a remote libvirt connection whose link dies.
 
-capl keeps one libvirt connection per host and lets up to 8 threads call through it at once.
+capl calls a libvirt host from up to 8 threads at once.
 When the host's network link dies (tests/chaos/netns.py: a private libvirtd in a network
 namespace, reached with TLS, its veth taken down), every call in flight must fail within
 libvirt's keepalive window, and calls must work again once the link is back. The probe runs
@@ -10,10 +10,12 @@ finds can kill the process; it runs twice at once, each against its own namespac
 the test driver (`test+tls://<ip>/default`) and through the QEMU driver of the same kind of
 private daemon (`qemu+tls://<ip>/session`), the transport every production TLS host uses.
 
-Found by the host-unreachable chaos test (test_host_unreachable.py):
-1. capl.virt.connection enables keepalive only for non-`test` drivers, also when the test
+Found by the host-unreachable chaos test (test_host_unreachable.py); both fixed in
+capl.virt.connection (keepalive on every remote transport; a remote connection serves one
+call at a time, from a small pool per host), and this test keeps them fixed. What it found:
+1. capl.virt.connection enabled keepalive only for non-`test` drivers, also when the test
    driver is reached through a remote transport (`test+tls://`): calls on a dead link then
-   hang until TCP gives up (minutes) and the host is never reported — the child reports
+   hung until TCP gave up (minutes) and the host was never reported — the child reports
    `stuck_pollers` and fails;
 2. with keepalive on (as for every `qemu+tls`/`qemu+ssh` host), libvirt 9.0's client wakes
    only one of the threads waiting on the connection when keepalive closes it: the others
