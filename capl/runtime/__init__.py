@@ -21,6 +21,7 @@ from capl.runtime.errors import (
     Gone,
     Invalid,
     NotFound,
+    StaleIncarnation,
     TransportError,
     WatchStalled,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "Resource",
     "ResourceClient",
     "Result",
+    "StaleIncarnation",
     "TransportError",
     "Watch",
     "WatchEvent",

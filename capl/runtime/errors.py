@@ -53,6 +53,15 @@ class WatchStalled(TransportError):
     """A watch stayed silent longer than its inactivity timeout."""
 
 
+class StaleIncarnation(NotFound, Conflict):
+    """The patch was computed from an object that no longer exists: the name now belongs to a
+    re-created object (another metadata.uid). A NotFound for callers that drop the work of a
+    vanished object, a Conflict for the runtime's quiet requeue. Code 409, reason "Conflict"."""
+
+    def __init__(self, message: str) -> None:
+        ApiError.__init__(self, 409, "Conflict", message)
+
+
 _BY_CODE: dict[int, type[ApiError]] = {
     403: Forbidden,
     404: NotFound,

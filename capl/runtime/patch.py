@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from capl.runtime.client import ResourceClient
-from capl.runtime.errors import ApiError, Conflict, Invalid, NotFound
+from capl.runtime.errors import Invalid, StaleIncarnation
 from capl.runtime.objects import Obj, copy_obj, key_of, resource_version
 from capl.runtime.objects import uid as uid_of
 
@@ -56,15 +56,6 @@ SERVER_MANAGED_METADATA = frozenset(
     }
 )
 CONFLICT_SENSITIVE_METADATA = frozenset({"finalizers", "ownerReferences"})
-
-
-class StaleIncarnation(NotFound, Conflict):
-    """The patch was computed from an object that no longer exists: the name now belongs to a
-    re-created object (another metadata.uid). A NotFound for callers that drop the work of a
-    vanished object, a Conflict for the runtime's quiet requeue. Code 409, reason "Conflict"."""
-
-    def __init__(self, message: str) -> None:
-        ApiError.__init__(self, 409, "Conflict", message)
 
 
 def merge_patch(original: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 
 from capl.kube import KubeClient
-from capl.runtime.errors import Conflict, Invalid, NotFound
+from capl.runtime.errors import Conflict, Invalid, NotFound, StaleIncarnation
 from capl.runtime.objects import ObjectKey, copy_obj
-from capl.runtime.patch import StaleIncarnation, apply_patch
+from capl.runtime.patch import apply_patch
 from tests.fixtures.runtime import TOY, toy
 
 pytestmark = pytest.mark.apiserver

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from capl.runtime.errors import Conflict, Invalid, NotFound
+from capl.runtime.errors import Conflict, Invalid, NotFound, StaleIncarnation
 from capl.runtime.objects import ObjectKey, copy_obj
-from capl.runtime.patch import Patcher, StaleIncarnation, apply_patch
+from capl.runtime.patch import Patcher, apply_patch
 from capl.runtime.resources import LIBVIRT_MACHINE
 from tests.fixtures.runtime import FakeApi, FakeClient
 
