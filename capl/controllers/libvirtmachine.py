@@ -437,6 +437,18 @@ class _Identity:
     names: MachineNames
     hostname: str
 
+    @classmethod
+    def of(cls, *, namespace: str, name: str, uid: str, cluster: str) -> _Identity:
+        """The identity of machine namespace/name (its libvirt names derived from those)."""
+        return cls(
+            namespace=namespace,
+            name=name,
+            uid=uid,
+            cluster=cluster,
+            names=machine_names(namespace=namespace, name=name),
+            hostname=machine_hostname(name),
+        )
+
     def owner(self) -> DomainOwner:
         return DomainOwner(
             cluster=self.cluster, namespace=self.namespace, name=self.name, uid=self.uid
@@ -813,14 +825,7 @@ class LibvirtMachineReconciler:
             )
             return await self._finish(work, DONE)
 
-        ident = _Identity(
-            namespace=namespace,
-            name=name,
-            uid=md.uid or "",
-            cluster=cluster_name,
-            names=machine_names(namespace=namespace, name=name),
-            hostname=machine_hostname(name),
-        )
+        ident = _Identity.of(namespace=namespace, name=name, uid=md.uid or "", cluster=cluster_name)
         bootstrap: BootstrapData | None = None
         try:
             if not lm.spec.domain_uuid:
@@ -1800,13 +1805,8 @@ class LibvirtMachineReconciler:
                     if accounts_for(live, owner_uid=tag.uid, domain_uuid=domain_uuid):
                         self.orphans.forget(domain_uuid)
                         continue
-                    ident = _Identity(
-                        namespace=namespace,
-                        name=tag.name,
-                        uid=tag.uid,
-                        cluster=cluster_name,
-                        names=machine_names(namespace=namespace, name=tag.name),
-                        hostname=machine_hostname(tag.name),
+                    ident = _Identity.of(
+                        namespace=namespace, name=tag.name, uid=tag.uid, cluster=cluster_name
                     )
                     self._orphans.setdefault(key, {})[domain_uuid] = _Leftover(
                         ident=ident, domain_uuid=domain_uuid, target=target, spec=None, swept=True
@@ -1860,14 +1860,7 @@ class LibvirtMachineReconciler:
             self.deps.recorder.event(work.current, "Warning", c.Reason.HOST_NOT_FOUND, message)
             return await self._drop_finalizer(key, work)
         target, cluster_name = located
-        ident = _Identity(
-            namespace=namespace,
-            name=name,
-            uid=md.uid or "",
-            cluster=cluster_name,
-            names=machine_names(namespace=namespace, name=name),
-            hostname=machine_hostname(name),
-        )
+        ident = _Identity.of(namespace=namespace, name=name, uid=md.uid or "", cluster=cluster_name)
         host = target.host
         try:
             if lm.spec.domain_uuid:
