@@ -14,20 +14,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE/.."
 
 started=$SECONDS
-timed() {
-	local name="$1"; shift
-	local t0=$SECONDS
-	"$@"
-	note "$name: $((SECONDS - t0)) s"
-}
-
-KUBEBUILDER_ASSETS="$(timed envtest hack/envtest.sh | tail -n1)"
-export KUBEBUILDER_ASSETS
-timed libvirt-host hack/libvirt-host.sh
-CAPL_GUEST_IMAGE="$(timed guest-image hack/guest-image.sh | tail -n1)"
-export CAPL_GUEST_IMAGE
-CAPL_CAPI_DIR="$(timed capi hack/capi.sh | tail -n1)"
-export CAPL_CAPI_DIR
+bed_up
 
 PY=.venv/bin/python
 if ! "$PY" -c 'import matplotlib' 2>/dev/null; then

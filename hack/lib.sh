@@ -35,3 +35,23 @@ need_root() {
 need_cmd() {
 	command -v "$1" >/dev/null 2>&1 || die "$1 not found: $2"
 }
+
+# timed NAME CMD...: run CMD and note how long it took.
+timed() {
+	local name="$1"; shift
+	local t0=$SECONDS
+	"$@"
+	note "$name: $((SECONDS - t0)) s"
+}
+
+# bed_up: every part of the test bed (each step idempotent and cached), exported for the
+# tests and benchmarks: KUBEBUILDER_ASSETS, CAPL_GUEST_IMAGE, CAPL_CAPI_DIR; libvirtd running.
+bed_up() {
+	KUBEBUILDER_ASSETS="$(timed envtest hack/envtest.sh | tail -n1)"
+	export KUBEBUILDER_ASSETS
+	timed libvirt-host hack/libvirt-host.sh
+	CAPL_GUEST_IMAGE="$(timed guest-image hack/guest-image.sh | tail -n1)"
+	export CAPL_GUEST_IMAGE
+	CAPL_CAPI_DIR="$(timed capi hack/capi.sh | tail -n1)"
+	export CAPL_CAPI_DIR
+}

@@ -7,22 +7,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE/.."
 
 stage_start=$SECONDS
-timed() {
-	local name="$1"; shift
-	local t0=$SECONDS
-	"$@"
-	note "$name: $((SECONDS - t0)) s"
-}
-
-KUBEBUILDER_ASSETS="$(timed envtest hack/envtest.sh | tail -n1)"
-export KUBEBUILDER_ASSETS
-timed libvirt-host hack/libvirt-host.sh
-CAPL_GUEST_IMAGE="$(timed guest-image hack/guest-image.sh | tail -n1)"
-export CAPL_GUEST_IMAGE
-if [ -x hack/capi.sh ]; then
-	CAPL_CAPI_DIR="$(timed capi hack/capi.sh | tail -n1)"
-	export CAPL_CAPI_DIR
-fi
+bed_up
 # The clusterctl local repository the e2e tests install capl from (out/infrastructure-libvirt).
 timed release-manifests hack/release-manifests.sh >/dev/null
 # Every fixture must find its part: a missing part fails the run instead of skipping tests.
