@@ -152,6 +152,13 @@ def _add_manager(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="graceful ACPI shutdown of a deleted machine before it is destroyed (60s)",
     )
     p.add_argument(
+        "--bootstrap-timeout",
+        type=_positive_duration,
+        default=1200.0,
+        help="report BootstrapTimedOut (with the console tail) when a guest agent does not "
+        "show the bootstrap success file this long after the domain started (20m)",
+    )
+    p.add_argument(
         "--cluster-health-interval",
         type=parse_duration,
         default=60.0,

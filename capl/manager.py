@@ -20,6 +20,7 @@ import structlog
 from capl.api.cluster import LibvirtCluster
 from capl.controllers import libvirtcluster, libvirtmachine
 from capl.controllers.common import Deps, parse
+from capl.controllers.machine_bootstrap import BootstrapOptions
 from capl.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, CliError
 from capl.kube.client import KubeClient
 from capl.kube.config import KubeconfigError
@@ -165,7 +166,10 @@ def options_from_args(args: argparse.Namespace) -> ProviderOptions:
         webhook_cert_dir=args.webhook_cert_dir,
         log_level=args.log_level,
         log_format=args.log_format,
-        machine=libvirtmachine.MachineOptions(shutdown_timeout=args.machine_shutdown_timeout),
+        machine=libvirtmachine.MachineOptions(
+            shutdown_timeout=args.machine_shutdown_timeout,
+            bootstrap=BootstrapOptions(timeout=args.bootstrap_timeout),
+        ),
         cluster=libvirtcluster.LibvirtClusterOptions(
             health_interval=args.cluster_health_interval or None
         ),

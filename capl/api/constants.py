@@ -117,6 +117,8 @@ class ConditionType(StrEnum):
     DOMAIN_PROVISIONED = "DomainProvisioned"
     BOOTSTRAP_DATA_DELIVERED = "BootstrapDataDelivered"
     ADDRESS_ASSIGNED = "AddressAssigned"
+    BOOTSTRAP_SUCCEEDED = "BootstrapSucceeded"
+    """Read through the guest agent; absent on guests without one (not part of Ready)."""
 
 
 class Reason(StrEnum):
@@ -139,6 +141,7 @@ class Reason(StrEnum):
     RUNNING = "Running"
     ASSIGNED = "Assigned"
     DELIVERED = "Delivered"
+    BOOTSTRAP_SUCCEEDED = "BootstrapSucceeded"
     # Waiting.
     WAITING_FOR_CLUSTER = "WaitingForCluster"
     WAITING_FOR_CLUSTER_INFRASTRUCTURE = "WaitingForClusterInfrastructure"
@@ -146,6 +149,8 @@ class Reason(StrEnum):
     WAITING_FOR_ADDRESS = "WaitingForAddress"
     WAITING_FOR_CONTROL_PLANE = "WaitingForControlPlane"
     WAITING_FOR_DOMAIN = "WaitingForDomain"
+    WAITING_FOR_BOOTSTRAP = "WaitingForBootstrap"
+    """The guest agent answers; the bootstrap success file is not there yet."""
     # Failures with a cause the user can fix.
     HOST_NOT_FOUND = "HostNotFound"
     CREDENTIALS_INVALID = "CredentialsInvalid"
@@ -160,6 +165,8 @@ class Reason(StrEnum):
     DOMAIN_NOT_RUNNING = "DomainNotRunning"
     DOMAIN_ERROR = "DomainError"
     FOREIGN_DOMAIN = "ForeignDomain"
+    BOOTSTRAP_TIMED_OUT = "BootstrapTimedOut"
+    """No bootstrap success file within --bootstrap-timeout; the message has the console tail."""
     # Reported after the controller repaired something done out of band.
     DOMAIN_RESTARTED = "DomainRestarted"
     DOMAIN_RECREATED = "DomainRecreated"

@@ -148,6 +148,12 @@ from capl.controllers.common import (
     paused,
     remove_finalizer,
 )
+from capl.controllers.machine_bootstrap import (
+    BootstrapOptions,
+    BootstrapSubject,
+    BootstrapWatcher,
+    sooner,
+)
 from capl.controllers.machine_plan import (
     PLACEMENT_ANNOTATION,
     BootstrapData,
@@ -283,6 +289,8 @@ class MachineOptions:
     orphan_grace: float = 30.0
     """A domain is removed by the sweep only once it was reported orphaned by two consecutive
     sweeps and first seen at least this long ago."""
+    bootstrap: BootstrapOptions = field(default_factory=BootstrapOptions)
+    """The BootstrapSucceeded condition (capl.controllers.machine_bootstrap)."""
 
 
 # -- indexes ----------------------------------------------------------------------------------
@@ -504,6 +512,9 @@ class LibvirtMachineReconciler:
         self.orphans = OrphanTracker(grace=self.options.orphan_grace)
         self.removed: list[str] = []
         """What vanished-object clean-ups removed (diagnostics, tests), newest last."""
+        self.bootstrap = BootstrapWatcher(
+            recorder=deps.recorder, clock=deps.clock, options=self.options.bootstrap
+        )
 
     # -- wiring ------------------------------------------------------------------------------
 
@@ -646,6 +657,7 @@ class LibvirtMachineReconciler:
         self._nodes_done = {entry for entry in self._nodes_done if entry[0] != key}
         self._made.pop(key, None)
         self._api_failures.pop(key, None)
+        self.bootstrap.forget(key)
 
     def _now(self) -> str:
         return rfc3339(self.deps.clock.wall())
@@ -1133,6 +1145,16 @@ class LibvirtMachineReconciler:
             node_result = await self._node_provider_id(key, machine, ident, domain_uuid)
             if node_result is not None:
                 result = node_result
+            watched = BootstrapSubject(
+                key=key,
+                obj=work.desired,
+                host=host,
+                domain_uuid=domain_uuid,
+                pool=target.pool,
+                console_volume=ident.names.console_log,
+                node_joined=machine.status.node_ref is not None,
+            )
+            result = sooner(result, await self.bootstrap.observe(watched))
         if restore_retry is not None:
             retry_in = restore_retry.requeue_after or 0.0
             if result.requeue_after is None or retry_in < result.requeue_after:

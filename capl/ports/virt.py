@@ -76,6 +76,8 @@ __all__ = [
     "DomainState",
     "Firmware",
     "FwCfgEntry",
+    "GuestFile",
+    "GuestFileState",
     "Host",
     "HostEvent",
     "HostEventKind",
@@ -101,6 +103,7 @@ __all__ = [
     "VolumeFormat",
     "VolumeInfo",
     "VolumeRef",
+    "VolumeTail",
 ]
 
 CAPL_XML_NAMESPACE = "https://capl.dev/xmlns/v1alpha1"
@@ -240,6 +243,16 @@ class VolumeInfo:
     allocation_bytes: int
     backing_path: str | None = None
     backing_format: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VolumeTail:
+    """The end of a volume's content (``read_volume_tail``)."""
+
+    data: bytes
+    offset: int
+    """Where ``data`` starts in the volume: 0 means it is the whole content, more means the
+    first line of ``data`` is most likely cut."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -504,6 +517,29 @@ class InterfaceAddress:
     family: int = 4
 
 
+class GuestFileState(enum.StrEnum):
+    """What asking the guest agent for a file found (``read_guest_file``)."""
+
+    PRESENT = "present"
+    ABSENT = "absent"
+    """The agent answered: no such file."""
+    AGENT_UNAVAILABLE = "agent-unavailable"
+    """The agent is not connected or does not answer (yet): it may later (still booting, or
+    the guest runs no agent at all; the host cannot tell those apart)."""
+    UNSUPPORTED = "unsupported"
+    """Asking again will not help: the driver has no guest agent support (the test driver),
+    the domain has no agent channel, or the agent refuses file commands."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuestFile:
+    state: GuestFileState
+    data: bytes = b""
+    """PRESENT: the first bytes of the file (at most the limit asked for)."""
+    detail: str = ""
+    """Why the agent is unavailable or unsupported (libvirt's text), for debug logs."""
+
+
 # --- events --------------------------------------------------------------------------------
 
 
@@ -622,6 +658,14 @@ class Host(Protocol):
         ...
 
     async def get_volume(self, *, pool: str, name: str) -> VolumeInfo | None: ...
+
+    async def read_volume_tail(self, *, pool: str, name: str, limit: int) -> VolumeTail | None:
+        """The last ``limit`` bytes of volume ``name`` through libvirt's storage API (so it
+        works on remote hosts), e.g. a domain's serial console log, which virtlogd writes
+        into the pool directory (the pool is rescanned once when libvirt does not know the
+        file yet). None when there is no such volume or the driver cannot download volumes
+        (the test driver). The content may be secret material: it is never logged."""
+        ...
 
     async def list_volumes(
         self, *, pool: str, prefix: str = "", refresh: bool = False
@@ -745,6 +789,15 @@ class Host(Protocol):
     async def domain_nics(self, uuid: str) -> list[DomainNic]:
         """The NICs of the domain's persistent definition, in guest order (one read, no
         change). DomainNotFound when the domain does not exist."""
+        ...
+
+    async def read_guest_file(self, uuid: str, path: str, *, limit: int = 4096) -> GuestFile:
+        """Read ``path`` inside the running guest through qemu-guest-agent (guest-file-open,
+        -read, -close; at most ``limit`` bytes; a short time limit per agent command). An
+        agent that is missing, not connected, slow or refuses file commands is a state of
+        the answer, not an error (see ``GuestFileState``); a domain that is not running
+        counts as AGENT_UNAVAILABLE. DomainNotFound when the domain does not exist. The
+        content may be secret material: it is never logged."""
         ...
 
 

@@ -38,6 +38,7 @@ from capl.ports.virt import (
     DomainOwner,
     DomainSpec,
     DomainState,
+    GuestFile,
     HostId,
     HostInfo,
     ImageSource,
@@ -50,10 +51,11 @@ from capl.ports.virt import (
     VolumeFormat,
     VolumeInfo,
     VolumeRef,
+    VolumeTail,
 )
+from capl.virt import agent, download, storage
 from capl.virt import domain as domains
 from capl.virt import network as networks
-from capl.virt import storage
 from capl.virt.connection import HostConnection
 from capl.virt.errors import is_unsupported_flags
 from capl.virt.images import ImageImporter
@@ -266,6 +268,13 @@ class LibvirtHost:
 
         return await self._conn.run(f"list volumes of pool {pool}", op)
 
+    async def read_volume_tail(self, *, pool: str, name: str, limit: int) -> VolumeTail | None:
+        def op(c: Any) -> VolumeTail | None:
+            with self._locks.get("pool", pool):  # a rescan may be needed to see the file
+                return download.read_tail(c, pool, name, limit)
+
+        return await self._conn.run(f"read the end of volume {name} in pool {pool}", op)
+
     async def delete_volume(self, *, pool: str, name: str) -> bool:
         def op(c: Any) -> bool:
             with self._locks.get("pool", pool):
@@ -466,4 +475,10 @@ class LibvirtHost:
     async def domain_nics(self, uuid: str) -> list[DomainNic]:
         return await self._conn.run(
             f"read interfaces of domain {uuid}", lambda c: domains.nics(c, uuid)
+        )
+
+    async def read_guest_file(self, uuid: str, path: str, *, limit: int = 4096) -> GuestFile:
+        return await self._conn.run(
+            f"read a file in domain {uuid} through the guest agent",
+            lambda c: agent.read_file(c, uuid, path, limit),
         )
