@@ -32,6 +32,14 @@ envtest: ## build kube-apiserver, etcd, kubectl into the cache; prints the direc
 capi: ## build the Cluster API core manager and clusterctl into the cache; prints the directory
 	@hack/capi.sh
 
+.PHONY: node-bin
+node-bin: deps ## build kubelet, kubeadm, containerd 2.x, legacy Ignition... into the cache; prints the directory
+	@hack/node-bin.sh
+
+.PHONY: node-image
+node-image: deps ## build the real-node image (Debian + kubelet/kubeadm/containerd/Ignition); prints its path
+	@hack/node-image.sh
+
 .PHONY: libvirt-host
 libvirt-host: deps ## configure and start libvirtd + virtlogd on this machine (no systemd)
 	@hack/libvirt-host.sh

@@ -3,11 +3,9 @@
 #   $CAPL_CACHE/envtest/<kubernetes version>/   (KUBEBUILDER_ASSETS layout)
 # and prints that directory as the last line of output.
 #
-# k8s.io/kubernetes cannot be `go install`ed: its go.mod requires its staging modules at
-# v0.0.0 with `replace => ./staging/...`. We generate a small build module that requires
-# k8s.io/kubernetes and replaces each staging module (the list is read from that version's
-# .mod file, never typed by hand) with the matching published v0.X.Y. etcd is built in the
-# same module from go.etcd.io/etcd/server/v3 at the version kubernetes itself requires.
+# k8s.io/kubernetes cannot be `go install`ed: the build module comes from k8s_build_module
+# (hack/lib.sh). etcd is built in the same module from go.etcd.io/etcd/server/v3 at the
+# version kubernetes itself requires.
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=hack/lib.sh
 . "$HERE/lib.sh"
@@ -35,45 +33,11 @@ fi
 need_cmd go "install Go (https://go.dev/dl) >= the version k8s.io/kubernetes $KUBERNETES_VERSION requires"
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 
-minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
-patch="${KUBERNETES_VERSION##*.}"
-staging_version="v0.${minor}.${patch}"
-
 BUILD="$CAPL_CACHE/envtest-build/$KUBERNETES_VERSION"
-mkdir -p "$BUILD" "$OUT.tmp"
-cd "$BUILD"
-
+mkdir -p "$OUT.tmp"
 note "fetching k8s.io/kubernetes@$KUBERNETES_VERSION go.mod"
-kmod="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" 2>/dev/null | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')" ||
-	true
-[ -n "$kmod" ] && [ -f "$kmod" ] ||
-	die "cannot download k8s.io/kubernetes@$KUBERNETES_VERSION from the Go module proxy ($(go env GOPROXY))"
-go_directive="$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$kmod" | head -n1)"
-staging=$(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/.*#\1#p' "$kmod" | sort -u)
-[ -n "$staging" ] || die "no staging replace lines found in $kmod"
-
-{
-	echo "module capl.local/envtest-build"
-	echo
-	echo "go ${go_directive}"
-	echo
-	sed -n 's/^godebug .*/&/p' "$kmod"
-	echo
-	echo "require ("
-	echo "	k8s.io/kubernetes $KUBERNETES_VERSION"
-	echo "	go.etcd.io/etcd/server/v3 $ETCD_VERSION"
-	echo ")"
-	echo
-	echo "replace ("
-	for m in $staging; do echo "	$m => $m $staging_version"; done
-	echo ")"
-} >go.mod
-
-cat >tools.go <<'GO'
-//go:build tools
-
-package tools
-GO
+k8s_build_module "$BUILD" "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+cd "$BUILD"
 
 note "resolving modules (first run downloads ~1 GB into the Go module cache)"
 go get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" \
@@ -81,15 +45,7 @@ go get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" \
 	"go.etcd.io/etcd/server/v3@$ETCD_VERSION" >build.log 2>&1 ||
 	{ tail -n 30 build.log >&2; die "go get failed (log: $BUILD/build.log)"; }
 
-commit="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | sed -n 's/.*"Hash": "\(.*\)".*/\1/p' | head -c 12 || true)"
-date_now="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-ldflags=""
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-	ldflags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION"
-	ldflags+=" -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-	ldflags+=" -X $pkg.gitCommit=${commit:-unknown} -X $pkg.gitTreeState=clean"
-	ldflags+=" -X $pkg.buildDate=$date_now"
-done
+ldflags="$(k8s_version_ldflags "$KUBERNETES_VERSION")"
 
 note "building kube-apiserver, kubectl (10-30 min cold on 2 cores)"
 go build -trimpath -ldflags "-s -w $ldflags" -o "$OUT.tmp/" \

@@ -17,6 +17,9 @@ PACKAGES=(
 	# remote transports (qemu+ssh tests) and interactive console tests
 	openssh-server openssh-client tmux iproute2 netcat-openbsd
 	curl ca-certificates
+	# real nodes: legacy Ignition needs cgo + libblkid; the node image is a Debian root made
+	# by mmdebstrap, its container images are packed by umoci/skopeo, pause is catatonit
+	libblkid-dev mmdebstrap umoci skopeo catatonit e2fsprogs fdisk
 )
 
 missing=()

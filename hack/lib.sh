@@ -55,3 +55,53 @@ bed_up() {
 	CAPL_CAPI_DIR="$(timed capi hack/capi.sh | tail -n1)"
 	export CAPL_CAPI_DIR
 }
+
+# k8s_build_module DIR [MODULE@VERSION...]: write DIR/go.mod for building k8s.io/kubernetes
+# $KUBERNETES_VERSION commands (and the extra modules named). k8s.io/kubernetes cannot be
+# `go install`ed: its go.mod requires its staging modules at v0.0.0 with
+# `replace => ./staging/...`; this module requires it and replaces each staging module (the
+# list is read from that version's .mod file, never typed by hand) with the published v0.X.Y.
+k8s_build_module() {
+	local dir="$1" kmod go_directive staging m minor patch
+	shift
+	minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
+	patch="${KUBERNETES_VERSION##*.}"
+	mkdir -p "$dir"
+	kmod="$(cd "$dir" && GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" 2>/dev/null |
+		sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')" || true
+	[ -n "$kmod" ] && [ -f "$kmod" ] ||
+		die "cannot download k8s.io/kubernetes@$KUBERNETES_VERSION from the Go module proxy ($(go env GOPROXY))"
+	go_directive="$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$kmod" | head -n1)"
+	staging=$(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/.*#\1#p' "$kmod" | sort -u)
+	[ -n "$staging" ] || die "no staging replace lines found in $kmod"
+	[ -f "$dir/go.mod" ] && grep -q "k8s.io/kubernetes $KUBERNETES_VERSION" "$dir/go.mod" && return 0
+	{
+		echo "module capl.local/k8s-build"
+		echo
+		echo "go ${go_directive}"
+		echo
+		sed -n 's/^godebug .*/&/p' "$kmod"
+		echo
+		echo "require ("
+		echo "	k8s.io/kubernetes $KUBERNETES_VERSION"
+		for m in "$@"; do echo "	${m%@*} ${m#*@}"; done
+		echo ")"
+		echo
+		echo "replace ("
+		for m in $staging; do echo "	$m => $m v0.${minor}.${patch}"; done
+		echo ")"
+	} >"$dir/go.mod"
+	printf '//go:build tools\n\npackage tools\n' >"$dir/tools.go"
+}
+
+# k8s_version_ldflags VERSION: the -X flags that make a Kubernetes binary report VERSION
+# (without them /version says v0.0.0 and Cluster API refuses to talk to it).
+k8s_version_ldflags() {
+	local v="$1" minor pkg out=""
+	minor="${v#v1.}"; minor="${minor%%.*}"
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		out+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+		out+=" -X $pkg.gitCommit=module-$v -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+	done
+	echo "$out"
+}
