@@ -2,11 +2,15 @@
 
 Both are the unmodified Go programs that `make capi` builds (hack/capi.sh) into
 `$CAPL_CACHE/capi/<version>/`: `bin/cluster-api-manager`, `bin/clusterctl` and `config/`, the
-module's own kustomize tree (CRDs, webhook manifests, RBAC, the manager Deployment).
+module's own kustomize tree (CRDs, webhook manifests, RBAC, the manager Deployment); beside
+them the kubeadm bootstrap and control-plane managers with their trees
+(`bootstrap/kubeadm/config/`, `controlplane/kubeadm/config/`), which
+`capl.testbed.kubeadm_providers` runs the same way (`ProviderComponents` says where each
+provider of the release lives).
 
 `CapiCore` runs the core manager as a local process against a `ControlPlane`, the way envtest
-runs webhooks for controller tests: there is no kubelet, no Service routing and no
-cert-manager here, so
+runs webhooks for controller tests (`ProviderManager`, its base, is shared with the kubeadm
+managers): there is no kubelet, no Service routing and no cert-manager here, so
 
 - the CRDs and the mutating/validating webhook configurations are taken from
   `kubectl kustomize config/default` (exactly what clusterctl would install, same names),
@@ -31,7 +35,9 @@ group, dies with its parent); failures carry the tail of its log.
 `Clusterctl` runs clusterctl with a private HOME / XDG config / cache (never ~/.cluster-api),
 `CLUSTERCTL_DISABLE_VERSIONCHECK=true`, and a local repository it writes itself:
 `<workdir>/repository/cluster-api/<version>/{core-components.yaml,metadata.yaml}` (the core
-components are the same kustomize output) plus the providers given to it (capl's
+components are the same kustomize output), likewise `bootstrap-kubeadm/<version>/` and
+`control-plane-kubeadm/<version>/` (provider name `kubeadm`, when the build has their trees;
+the release's one metadata.yaml for each), plus the providers given to it (capl's
 `out/infrastructure-libvirt/<version>/` from `make release-manifests`), all registered in a
 `clusterctl.yaml` under `providers:`.
 
@@ -47,14 +53,17 @@ Decisions for `clusterctl init` on a kubelet-less test bed:
   finalizes it (clusterctl has already deleted the two objects it created in it).
 - bootstrap and control-plane providers: clusterctl adds kubeadm ones on the first `init`
   unless told otherwise; `init` passes `--bootstrap - --control-plane -` by default, the
-  documented opt-out ("-" is clusterctl's no-op provider name). Workload clusters of the test
-  bed take bootstrap data from Secrets (`bootstrap.dataSecretName`).
+  documented opt-out ("-" is clusterctl's no-op provider name): most workload clusters of the
+  test bed take bootstrap data from Secrets they create (`bootstrap.dataSecretName`).
+  `init(bootstrap=("kubeadm",), control_plane=("kubeadm",))` installs the kubeadm providers
+  from the local repository instead.
 - the providers' Deployments never run (no kubelet): run the managers as local processes and
   point their webhooks at loopback afterwards (`point_provider_webhooks`; `CapiCore.start`
-  does it for the core provider). Run `clusterctl init` *before* `CapiCore.start` on the same
-  control plane: clusterctl merge-patches existing CRDs, which would leave a CRD with both a
-  Service and a URL in its conversion clientConfig (kube-apiserver rejects that, clusterctl
-  retries for minutes); `init` refuses at once when it finds core CRDs it did not install.
+  does it for the core provider, `KubeadmProviders.start` for the kubeadm ones). Run
+  `clusterctl init` *before* starting them on the same control plane: clusterctl
+  merge-patches existing CRDs, which would leave a CRD with both a Service and a URL in its
+  conversion clientConfig (kube-apiserver rejects that, clusterctl retries for minutes);
+  `init` refuses at once when it finds CRDs it did not install of a provider it installs.
 
 Like the rest of capl.testbed this module uses kubectl and plain HTTP only, no Kubernetes
 client library and no other capl layer.
@@ -62,6 +71,7 @@ client library and no other capl layer.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -73,7 +83,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, ClassVar, Final, Self
 from urllib.parse import urlsplit
 
 import yaml
@@ -87,6 +97,7 @@ log = logging.getLogger(__name__)
 CAPI_DIR_ENV: Final = "CAPL_CAPI_DIR"
 PROVIDER_LABEL: Final = "cluster.x-k8s.io/provider"
 CORE_PROVIDER: Final = "cluster-api"
+KUBEADM: Final = "kubeadm"
 NOOP_PROVIDER: Final = "-"
 CERT_MANAGER_TEST_NAMESPACE: Final = "cert-manager-test"
 STAND_IN_LABEL: Final = "testbed.capl.dev/stand-in"
@@ -130,15 +141,69 @@ class ClusterctlFailed(CapiError):
 # ------------------------------------------------------------------------------ the build
 
 
+@dataclass(frozen=True)
+class ProviderComponents:
+    """One provider of the Cluster API release: where its kustomize tree is in the module and
+    where it goes in a clusterctl local repository."""
+
+    name: str
+    """clusterctl's provider name (`cluster-api`, `kubeadm`)."""
+    type: str
+    """clusterctl's provider type (CoreProvider, BootstrapProvider, ControlPlaneProvider)."""
+    provider_id: str
+    """`<type prefix>-<name>` (the core: `cluster-api`): the `cluster.x-k8s.io/provider` label
+    of its objects and its directory in a local repository."""
+    components_file: str
+    config: str
+    """Its `config/default` kustomization, relative to the module root (`CapiAssets.directory`)."""
+    crd: str
+    """One CRD it installs (tells whether it is installed, and by whom)."""
+    manager: str
+    """Its manager's binary in `<build>/bin/` (also the name of its local process)."""
+
+
+CORE_COMPONENTS: Final = ProviderComponents(
+    CORE_PROVIDER, "CoreProvider", CORE_PROVIDER, "core-components.yaml",
+    "config/default", "clusters.cluster.x-k8s.io", "cluster-api-manager",
+)  # fmt: skip
+KUBEADM_BOOTSTRAP_COMPONENTS: Final = ProviderComponents(
+    KUBEADM, "BootstrapProvider", "bootstrap-kubeadm", "bootstrap-components.yaml",
+    "bootstrap/kubeadm/config/default", "kubeadmconfigs.bootstrap.cluster.x-k8s.io",
+    "kubeadm-bootstrap-manager",
+)  # fmt: skip
+KUBEADM_CONTROL_PLANE_COMPONENTS: Final = ProviderComponents(
+    KUBEADM, "ControlPlaneProvider", "control-plane-kubeadm", "control-plane-components.yaml",
+    "controlplane/kubeadm/config/default", "kubeadmcontrolplanes.controlplane.cluster.x-k8s.io",
+    "kubeadm-control-plane-manager",
+)  # fmt: skip
+CAPI_COMPONENTS: Final = (
+    CORE_COMPONENTS,
+    KUBEADM_BOOTSTRAP_COMPONENTS,
+    KUBEADM_CONTROL_PLANE_COMPONENTS,
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class CapiAssets:
-    """What `make capi` builds: the binaries and the module's config tree."""
+    """What `make capi` builds: the binaries and the module's config trees."""
 
     directory: Path
     manager: Path
     clusterctl: Path
     config: Path
     version: str
+
+    def binary(self, components: ProviderComponents) -> Path:
+        """The manager of one provider of the release."""
+        return self.directory / "bin" / components.manager
+
+    def kustomization(self, components: ProviderComponents) -> Path:
+        """The `config/default` directory of one provider of the release."""
+        return self.directory / components.config
+
+    def has(self, components: ProviderComponents) -> bool:
+        """Whether the build carries that provider's kustomize tree."""
+        return (self.kustomization(components) / "kustomization.yaml").is_file()
 
 
 def find_capi(directory: str | os.PathLike[str] | None = None) -> CapiAssets:
@@ -486,10 +551,26 @@ _PROBES: Final = (
 _WEBHOOK_UNREACHABLE = re.compile(r"failed calling webhook|conversion webhook for", re.I)
 
 
-class CapiCore(LocalManager):
-    """The Cluster API core manager as a local process against one `ControlPlane`."""
+class ProviderManager(LocalManager):
+    """A Cluster API provider's manager as a local process against one `ControlPlane`: the
+    core manager (`CapiCore`) and the kubeadm bootstrap and control-plane managers
+    (`capl.testbed.kubeadm_providers`). All three are the same kind of program (one Go module,
+    the same manager flags), run the same way (see the module docstring): the provider's
+    CRDs and webhook configurations from `kubectl kustomize <its config>/default`, pointed at
+    the manager's loopback webhook port; ready when `/readyz` passes and the `probes`
+    (server-side dry-run creates) go through its webhooks.
+
+    A subclass names its provider (which says what to run) in class attributes.
+    """
 
     error = CapiError
+    components: ClassVar[ProviderComponents]
+    title: ClassVar[str]
+    workdir_name: ClassVar[str]
+    """The default workdir is `<plane.workdir>/<workdir_name>`."""
+    default_feature_gates: ClassVar[Mapping[str, bool]]
+    probes: ClassVar[Sequence[tuple[str, Mapping[str, Any]]]]
+    """(what, object) pairs for the dry-run creates of the readiness check."""
 
     def __init__(
         self,
@@ -506,34 +587,45 @@ class CapiCore(LocalManager):
         """Configure (nothing starts until `start`).
 
         capi: the build; default `find_capi()` ($CAPL_CAPI_DIR).
-        workdir: certificates and logs; default `<plane.workdir>/capi-core` (removed with
-            the control plane's temporary directory).
-        feature_gates: merged over DEFAULT_FEATURE_GATES.
+        workdir: certificates and logs; default `<plane.workdir>/<workdir_name>` (removed
+            with the control plane's temporary directory).
+        feature_gates: merged over `default_feature_gates`.
         ready_timeout: deadline in seconds for the manager to become ready.
         """
         super().__init__(
             plane=plane,
-            name="cluster-api-manager",
+            name=self.components.manager,
             workdir=workdir,
-            ca_name="capl-testbed-webhook-ca",
+            ca_name=f"capl-testbed-{self.components.provider_id}-webhook-ca",
             ready_timeout=ready_timeout,
             stop_grace=stop_grace,
         )
         self.capi = capi if capi is not None else find_capi()
-        self.feature_gates = {**DEFAULT_FEATURE_GATES, **(feature_gates or {})}
+        self.feature_gates = {**self.default_feature_gates, **(feature_gates or {})}
         self.extra_args = list(extra_args)
         self.verbosity = verbosity
         self._manifests: list[dict[str, Any]] | None = None
         self.timings: dict[str, float] = {}
 
     @property
+    def binary(self) -> Path:
+        return self.capi.binary(self.components)
+
+    @property
+    def provider(self) -> str:
+        """The `cluster.x-k8s.io/provider` label of its CRDs and webhook configurations."""
+        return self.components.provider_id
+
+    @property
     def workdir(self) -> Path:
-        return self._workdir if self._workdir is not None else self.plane.workdir / "capi-core"
+        if self._workdir is not None:
+            return self._workdir
+        return self.plane.workdir / self.workdir_name
 
     def argv(self) -> list[str]:
         gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))
         return [
-            str(self.capi.manager),
+            str(self.binary),
             f"--kubeconfig={self.plane.kubeconfig}",
             "--leader-elect=false",
             f"--webhook-port={self.webhook_port}",
@@ -552,20 +644,21 @@ class CapiCore(LocalManager):
     # ---------------------------------------------------------------- lifecycle
 
     async def manifests(self) -> list[dict[str, Any]]:
-        """The core provider's CRDs and webhook configurations (`kustomize config/default`)."""
+        """The provider's CRDs and webhook configurations (`kustomize <config>/default`)."""
         if self._manifests is None:
             text = await render_kustomization(
-                kubectl=self.plane.assets.kubectl, directory=self.capi.config / "default"
+                kubectl=self.plane.assets.kubectl,
+                directory=self.capi.kustomization(self.components),
             )
             self._manifests = provider_webhook_objects(parse_manifests(text))
         return self._manifests
 
     async def install(self) -> list[str]:
-        """Create or re-point the core CRDs and webhook configurations at this manager."""
+        """Create or re-point the provider's CRDs and webhook configurations at this manager."""
         self.prepare()
         return await point_provider_webhooks(
             self.plane,
-            provider=CORE_PROVIDER,
+            provider=self.provider,
             base_url=self.webhook_url,
             ca_pem=self.ca_pem,
             manifests=await self.manifests(),
@@ -586,15 +679,15 @@ class CapiCore(LocalManager):
         t3 = time.monotonic()
         self.timings = {"render": t1 - t0, "install": t2 - t1, "manager": t3 - t2}
         log.info(
-            "Cluster API core %s ready in %.1f s (render %.1f s, install %.1f s, manager %.1f s)",
-            self.capi.version, t3 - t0, *self.timings.values(),
+            "%s %s ready in %.1f s (render %.1f s, install %.1f s, manager %.1f s)",
+            self.title, self.capi.version, t3 - t0, *self.timings.values(),
         )  # fmt: skip
 
     async def start_manager(self) -> None:
         """Start the manager process (again: same ports and certificates) and wait for it."""
         await self.launch()
 
-    async def __aenter__(self) -> CapiCore:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -604,9 +697,8 @@ class CapiCore(LocalManager):
     # ---------------------------------------------------------------- readiness
 
     async def _ready_beyond_health(self) -> tuple[bool, str]:
-        """kube-apiserver reaches the webhooks: dry-run creates of a v1beta2 Cluster for
-        admission and a v1beta1 MachineDrainRule for conversion."""
-        for what, probe in _PROBES:
+        """kube-apiserver reaches the webhooks: every probe's dry-run create succeeds."""
+        for what, probe in self.probes:
             try:
                 await self.plane.kubectl(
                     "create", "--dry-run=server", "-o", "name", "-f", "-",
@@ -617,6 +709,17 @@ class CapiCore(LocalManager):
                     raise CapiError(f"the {what} probe was rejected: {e}") from e
                 return False, f"{what} not reachable yet: {e}"
         return True, "ok"
+
+
+class CapiCore(ProviderManager):
+    """The Cluster API core manager as a local process against one `ControlPlane`
+    (readiness: a v1beta2 Cluster for admission, a v1beta1 MachineDrainRule for conversion)."""
+
+    components = CORE_COMPONENTS
+    title = "Cluster API core"
+    workdir_name = "capi-core"
+    default_feature_gates = DEFAULT_FEATURE_GATES
+    probes = _PROBES
 
 
 # ------------------------------------------------------------------------------ clusterctl
@@ -740,29 +843,39 @@ class Clusterctl:
 
     @property
     def core_components(self) -> Path:
-        return self.repository / CORE_PROVIDER / self.capi.version / "core-components.yaml"
+        return self.components_path(CORE_COMPONENTS)
+
+    def components_path(self, components: ProviderComponents) -> Path:
+        """Where the local repository holds a Cluster API provider's components."""
+        return (
+            self.repository / components.provider_id / self.capi.version
+        ) / components.components_file
+
+    @property
+    def release_components(self) -> list[ProviderComponents]:
+        """The providers of the Cluster API release the repository carries: the core, and the
+        kubeadm bootstrap and control-plane providers when the build has their trees."""
+        return [c for c in CAPI_COMPONENTS if c is CORE_COMPONENTS or self.capi.has(c)]
 
     async def prepare(self) -> None:
         """Write the local repository and clusterctl.yaml (idempotent)."""
         if self._prepared:
             return
         t0 = time.monotonic()
-        core_dir = self.core_components.parent
-        core_dir.mkdir(parents=True, exist_ok=True)
-        text = await render_kustomization(
-            kubectl=self.kubectl, directory=self.capi.config / "default"
-        )
-        self.core_components.write_text(text)
-        upstream = self.capi.directory / "metadata.yaml"
-        if upstream.is_file():
-            shutil.copyfile(upstream, core_dir / "metadata.yaml")
-        else:
-            (core_dir / "metadata.yaml").write_text(
-                yaml.safe_dump(core_metadata(self.capi.version), sort_keys=False)
+        release = self.release_components
+        texts = await asyncio.gather(
+            *(
+                render_kustomization(kubectl=self.kubectl, directory=self.capi.kustomization(c))
+                for c in release
             )
-        entries = [
-            {"name": CORE_PROVIDER, "type": "CoreProvider", "url": str(self.core_components)}
-        ]
+        )
+        entries = []
+        for components, text in zip(release, texts, strict=True):
+            path = self.components_path(components)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            self._write_metadata(path.parent / "metadata.yaml")
+            entries.append({"name": components.name, "type": components.type, "url": str(path)})
         entries += [
             {"name": p.name, "type": p.type, "url": str(p.components)} for p in self.providers
         ]
@@ -772,6 +885,14 @@ class Clusterctl:
             (self.workdir / sub).mkdir(exist_ok=True)
         self._prepared = True
         self.timings["prepare"] = time.monotonic() - t0
+
+    def _write_metadata(self, path: Path) -> None:
+        """The release's metadata.yaml (one for all its providers, as upstream publishes it)."""
+        upstream = self.capi.directory / "metadata.yaml"
+        if upstream.is_file():
+            shutil.copyfile(upstream, path)
+        else:
+            path.write_text(yaml.safe_dump(core_metadata(self.capi.version), sort_keys=False))
 
     def env(self, variables: Mapping[str, str] | None = None) -> dict[str, str]:
         return {
@@ -845,7 +966,7 @@ class Clusterctl:
         namespace clusterctl leaves Terminating. Returns clusterctl's log (stderr) and output.
         """
         t0 = time.monotonic()
-        await self._check_core_not_preinstalled(plane)
+        await self._check_not_preinstalled(plane, bootstrap=bootstrap, control_plane=control_plane)
         await install_cert_manager_crds(plane)
         t1 = time.monotonic()
         args = ["init"]
@@ -864,19 +985,30 @@ class Clusterctl:
         self.timings.update({"cert-manager CRDs": t1 - t0, "init": t2 - t1})
         return err + out
 
-    async def _check_core_not_preinstalled(self, plane: ControlPlane) -> None:
+    async def _check_not_preinstalled(
+        self, plane: ControlPlane, *, bootstrap: Sequence[str], control_plane: Sequence[str]
+    ) -> None:
+        """Refuse at once when a Cluster API provider this init installs already has CRDs on
+        `plane` that clusterctl did not install (a local manager started first)."""
+        wanted = [CORE_COMPONENTS]
+        if KUBEADM in bootstrap:
+            wanted.append(KUBEADM_BOOTSTRAP_COMPONENTS)
+        if KUBEADM in control_plane:
+            wanted.append(KUBEADM_CONTROL_PLANE_COMPONENTS)
         raw = await plane.kubectl(
-            "get", f"{_CRD}/clusters.cluster.x-k8s.io", "--ignore-not-found", "-o", "json"
+            "get", *(f"{_CRD}/{c.crd}" for c in wanted), "--ignore-not-found", "-o", "json"
         )
-        if not raw.strip():
-            return
-        crd = json.loads(raw)
-        if _CLUSTERCTL_LABEL not in (crd["metadata"].get("labels") or {}):
+        installed = {str(crd["metadata"]["name"]): crd for crd in _items(raw)}
+        for components in wanted:
+            crd = installed.get(components.crd)
+            if crd is None or _CLUSTERCTL_LABEL in (crd["metadata"].get("labels") or {}):
+                continue
+            which = "core" if components is CORE_COMPONENTS else components.provider_id
             raise CapiError(
-                "the Cluster API core CRDs on this control plane were not installed by "
-                "clusterctl (CapiCore.start ran first?): clusterctl init would fail to merge "
-                "its Service-based conversion webhooks into them. Run Clusterctl.init before "
-                "CapiCore.start on a fresh control plane."
+                f"the Cluster API {which} CRDs on this control plane were not installed by "
+                "clusterctl (CapiCore.start or a kubeadm provider's start ran first?): "
+                "clusterctl init would fail to merge its Service-based conversion webhooks "
+                "into them. Run Clusterctl.init before CapiCore.start on a fresh control plane."
             )
 
     async def generate_cluster(
