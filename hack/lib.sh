@@ -56,6 +56,15 @@ bed_up() {
 	export CAPL_CAPI_DIR
 }
 
+# nodes_up: what real nodes need (each step cached), exported for the tests and the demo:
+# CAPL_NODE_BIN (kubelet, kubeadm, containerd, Ignition...), CAPL_NODE_IMAGE (the qcow2).
+nodes_up() {
+	CAPL_NODE_BIN="$(timed node-bin hack/node-bin.sh | tail -n1)"
+	export CAPL_NODE_BIN
+	CAPL_NODE_IMAGE="$(timed node-image hack/node-image.sh | tail -n1)"
+	export CAPL_NODE_IMAGE
+}
+
 # k8s_build_module DIR [MODULE@VERSION...]: write DIR/go.mod for building k8s.io/kubernetes
 # $KUBERNETES_VERSION commands (and the extra modules named). k8s.io/kubernetes cannot be
 # `go install`ed: its go.mod requires its staging modules at v0.0.0 with

@@ -160,10 +160,13 @@ def _check_network_spec(spec: LibvirtClusterSpec, prefix: str, verdict: Verdict)
             vip = ipaddress.IPv4Address(endpoint.host)
         except ValueError:
             return
-        if vip in reserved and vip in network:
+        # The gateway is the libvirt host's own address on the network: an API server on
+        # the host (a hosted control plane, a load balancer) is reached there, so it is a
+        # valid endpoint; only the network and broadcast addresses are not.
+        if vip in (network.network_address, network.broadcast_address):
             verdict.error(
                 f"{prefix}.controlPlaneEndpoint.host",
-                f"{vip} is the network, gateway or broadcast address of {network}",
+                f"{vip} is the network or broadcast address of {network}",
             )
         elif net.dhcp is not None and (
             ipaddress.IPv4Address(net.dhcp.start) <= vip <= ipaddress.IPv4Address(net.dhcp.end)
