@@ -74,6 +74,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from capl.commands import demo_nodes
 from capl.commands.status import formatter
 from capl.errors import (
     EXIT_FAILED,
@@ -95,7 +96,7 @@ if TYPE_CHECKING:
     from capl.runtime.manager import Manager
     from capl.runtime.resources import Resource
     from capl.testbed import ControlPlane
-    from capl.testbed.capi import CapiCore
+    from capl.testbed.capi import CapiAssets, CapiCore
     from capl.virt import LibvirtHost, LibvirtHosts
 
 __all__ = [
@@ -139,24 +140,53 @@ class DemoPlan:
     namespace: str = DEFAULT_NAMESPACE
     uri: str
     machines: int = 3
-    image_url: str
+    """VM-only: all machines (one control plane, the rest workers); real nodes: workers."""
+    image_url: str = ""
     image_sha256: str | None = None
     cidr: str
     pool_path: str
     domain_type: str = "qemu"
     cpus: int = 1
     memory_mib: int = 256
+    real_nodes: bool = False
+    """Real Kubernetes nodes (capl.commands.demo_nodes) instead of VMs of the test guest."""
+    image_path: str | None = None
+    """Real nodes: the node image, a file on the host."""
+    kubernetes_version: str = demo_nodes.KUBERNETES_VERSION
 
     @property
     def control_plane_machine(self) -> str:
         return f"{self.name}-control-plane-0"
 
     @property
+    def control_plane(self) -> str:
+        """Real nodes: the Cluster's TestbedControlPlane (the control plane on this host)."""
+        return f"{self.name}-control-plane"
+
+    @property
     def deployment(self) -> str:
-        return f"{self.name}-workers"
+        """The MachineDeployment `kubectl scale` is suggested for."""
+        return self.md_cloud_config if self.real_nodes else f"{self.name}-workers"
+
+    @property
+    def deployments(self) -> tuple[str, ...]:
+        if self.real_nodes:
+            return (self.md_ignition, self.md_cloud_config)
+        return (self.deployment,)
+
+    @property
+    def md_ignition(self) -> str:
+        return f"{self.name}-md-ignition"
+
+    @property
+    def md_cloud_config(self) -> str:
+        return f"{self.name}-md-cloud-config"
 
     @property
     def workers(self) -> int:
+        """Replicas of `deployment`."""
+        if self.real_nodes:
+            return demo_nodes.split_workers(self.machines)[1]
         return self.machines - 1
 
     @property
@@ -245,6 +275,8 @@ CLOUD_CONFIG: Final = (
 
 def demo_objects(plan: DemoPlan) -> list[dict[str, Any]]:
     """Every API object of the demo cluster, in creation order."""
+    if plan.real_nodes:
+        return demo_nodes.node_objects(plan)
     ns, name = plan.namespace, plan.name
     cluster_labels = {CLUSTER_NAME_LABEL: name}
     cp_labels = {**cluster_labels, CONTROL_PLANE_LABEL: ""}
@@ -345,6 +377,8 @@ def resource_of(obj: Mapping[str, Any]) -> Resource:
 
     if obj["kind"] == "MachineDeployment":
         return machine_deployment()
+    if obj["kind"] in demo_nodes.extra_resources():
+        return demo_nodes.extra_resources()[obj["kind"]]
     if obj["kind"] == "Secret":
         return lookup("Secret", group="")
     group = str(obj["apiVersion"]).split("/", 1)[0]
@@ -374,14 +408,17 @@ class MachineRow:
     """Seconds since the machine was created; frozen once it became Ready."""
     detail: str
     """What the machine waits for (the first condition not in its good state), or ""."""
+    node: str = ""
+    """Real nodes: the Node's name and Ready/NotReady ("-": no Node yet); else ""."""
+    node_ready: bool = False
 
     @property
     def is_ready(self) -> bool:
         return self.ready == "True"
 
-    def key(self) -> tuple[str, str, str, str, str]:
+    def key(self) -> tuple[str, ...]:
         """What a change line is printed for (not the ticking elapsed time)."""
-        return (self.host, self.state, self.address, self.ready, self.detail)
+        return (self.host, self.state, self.address, self.ready, self.node, self.detail)
 
 
 def format_elapsed(seconds: float) -> str:
@@ -412,29 +449,45 @@ def _condition_detail(report: StatusReport, kind: str, name: str) -> str:
 
 
 class Tracker:
-    """Turns status reports into rows; remembers when each machine was first seen Ready."""
+    """Turns status reports into rows; remembers when each machine was first seen Ready
+    (with ``nodes``: when its Node was first seen Ready, which is what counts then)."""
 
-    def __init__(self, *, cluster: str, expected: int) -> None:
+    def __init__(self, *, cluster: str, expected: int, nodes: bool = False) -> None:
         self.cluster = cluster
         self.expected = expected
+        self.nodes = nodes
         self._ready_at: dict[str, float] = {}
         self.rows: list[MachineRow] = []
 
-    def update(self, report: StatusReport, *, now: float) -> list[MachineRow]:
+    def update(
+        self,
+        report: StatusReport,
+        *,
+        now: float,
+        nodes: demo_nodes.NodeIndex | None = None,
+    ) -> list[MachineRow]:
         rows = []
         for view in report.machines:
             if view.cluster not in (None, self.cluster):
                 continue
             created = _parse_time(view.created) or now
-            if view.ready == "True":
-                ready_at = self._ready_at.setdefault(view.name, now)
-            else:
-                self._ready_at.pop(view.name, None)
-                ready_at = now
             if view.libvirt_machine is not None:
                 detail = _condition_detail(report, "LibvirtMachine", view.libvirt_machine)
             else:
                 detail = "waiting for its LibvirtMachine"
+            node, node_ready = "", False
+            if self.nodes:
+                node, node_ready, detail = demo_nodes.row_node(
+                    view, nodes or demo_nodes.NodeIndex(), machine_detail=detail
+                )
+            elif view.ready == "True":
+                detail = ""
+            done = node_ready if self.nodes else view.ready == "True"
+            if done:
+                ready_at = self._ready_at.setdefault(view.name, now)
+            else:
+                self._ready_at.pop(view.name, None)
+                ready_at = now
             rows.append(
                 MachineRow(
                     name=view.name,
@@ -443,7 +496,9 @@ class Tracker:
                     address=",".join(view.addresses) or "-",
                     ready=view.ready or "-",
                     elapsed=max(0.0, ready_at - created),
-                    detail="" if view.ready == "True" else detail,
+                    detail=detail,
+                    node=node,
+                    node_ready=node_ready,
                 )
             )
         self.rows = rows
@@ -451,44 +506,55 @@ class Tracker:
 
     @property
     def ready(self) -> int:
-        return sum(1 for row in self.rows if row.is_ready)
+        """Machines Ready (with ``nodes``: machines whose Node is Ready)."""
+        return sum(1 for row in self.rows if (row.node_ready if self.nodes else row.is_ready))
 
     @property
     def all_ready(self) -> bool:
         return len(self.rows) == self.expected and self.ready == self.expected
 
 
-def ready_line(ready: int, total: int) -> str:
-    """The one line scripts wait for."""
-    return f"{ready}/{total} machines Ready"
+def ready_line(ready: int, total: int, *, nodes: bool = False) -> str:
+    """The one line scripts wait for (real nodes: `N/N Nodes Ready`)."""
+    return f"{ready}/{total} {'Nodes' if nodes else 'machines'} Ready"
 
 
 def row_line(row: MachineRow, *, since_start: float) -> str:
     """A change of one machine, as a plain line (no terminal, or after the live view)."""
     text = (
         f"[{format_elapsed(since_start):>6}] {row.name}: host={row.host} state={row.state} "
-        f"address={row.address} ready={row.ready} elapsed={format_elapsed(row.elapsed)}"
+        f"address={row.address} ready={row.ready}"
     )
+    if row.node:
+        text += f" node={row.node.replace(' ', '/')}"
+    text += f" elapsed={format_elapsed(row.elapsed)}"
     return f"{text} - {row.detail}" if row.detail else text
 
 
 _STYLE = {"True": "green", "False": "red", "Unknown": "yellow"}
 
 
-def render_table(rows: Sequence[MachineRow], *, title: str, caption: str) -> Table:
+def render_table(
+    rows: Sequence[MachineRow], *, title: str, caption: str, nodes: bool = False
+) -> Table:
+    """The live table; ``nodes`` adds the NODE column (the Node's name, Ready/NotReady)."""
     from rich.table import Table
     from rich.text import Text
 
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for column in ("MACHINE", "HOST", "STATE", "ADDRESS", "READY", "ELAPSED", "WAITING FOR"):
+    columns = ["MACHINE", "HOST", "STATE", "ADDRESS", "READY"]
+    columns += ["NODE"] if nodes else []
+    for column in (*columns, "ELAPSED", "WAITING FOR"):
         table.add_column(column, overflow="fold", no_wrap=column != "WAITING FOR")
     for row in rows:
+        node = [Text(row.node, style="green" if row.node_ready else "")] if nodes else []
         table.add_row(
             row.name,
             row.host,
             row.state,
             row.address,
             Text(row.ready, style=_STYLE.get(row.ready, "")),
+            *node,
             format_elapsed(row.elapsed),
             Text(row.detail, style="dim"),
         )
@@ -502,11 +568,16 @@ def next_steps(
     kubectl: str,
     capl: str,
     metrics_url: str | None,
+    workload_kubeconfig: str | None = None,
+    console_machine: str | None = None,
 ) -> str:
-    """What to try while the demo runs (exact commands with the demo's kubeconfig)."""
+    """What to try while the demo runs (exact commands with the demo's kubeconfig; with
+    real nodes first the workload cluster's, with ``workload_kubeconfig``)."""
     kc = f"--kubeconfig {kubeconfig}"
-    lines = [
-        "Try it, in another terminal:",
+    lines = ["Try it, in another terminal:"]
+    if workload_kubeconfig is not None:
+        lines += demo_nodes.workload_lines(kubectl=kubectl, kubeconfig=workload_kubeconfig)
+    lines += [
         f"  {kubectl} {kc} get clusters,machinedeployments,machines",
         f"  {kubectl} {kc} get libvirtclusters,libvirtmachines -o wide",
         f"  {capl} status {kc}",
@@ -519,7 +590,8 @@ def next_steps(
         )
     else:
         lines += [
-            f"  {capl} console {plan.control_plane_machine} {kc}    (Ctrl-] leaves)",
+            f"  {capl} console {console_machine or plan.control_plane_machine} {kc}"
+            "    (Ctrl-] leaves)",
             f"  virsh -c {plan.uri} list --all",
         ]
     if metrics_url:
@@ -653,12 +725,12 @@ class Ui:
             self._emit(f"    done in {time.monotonic() - t0:.1f} s")
 
     @contextlib.contextmanager
-    def live(self, title: str) -> Iterator[View]:
+    def live(self, title: str, *, nodes: bool = False) -> Iterator[View]:
         if self._console is not None:
             from rich.live import Live
 
             with Live(
-                render_table([], title=title, caption=""),
+                render_table([], title=title, caption="", nodes=nodes),
                 console=self._console,
                 refresh_per_second=4,
                 redirect_stdout=False,
@@ -667,7 +739,7 @@ class Ui:
 
                 class _Live:
                     def show(self, rows: Sequence[MachineRow], caption: str) -> None:
-                        live.update(render_table(rows, title=title, caption=caption))
+                        live.update(render_table(rows, title=title, caption=caption, nodes=nodes))
 
                 yield _Live()
         else:
@@ -939,6 +1011,13 @@ class DemoOptions:
     cleanup_timeout: float
     exit_when_ready: bool
     log_level: str
+    vm_only: bool = False
+    """--vm-only as given (the test driver implies it: see `real_nodes`)."""
+    node_image: str | None = None
+
+    @property
+    def real_nodes(self) -> bool:
+        return not self.vm_only and not is_test_driver(self.uri)
 
 
 class Interrupted(Exception):
@@ -966,6 +1045,8 @@ class Demo:
         self.hosts: LibvirtHosts | None = None
         self.built: Built | None = None
         self.plan: DemoPlan | None = None
+        self.nodes: demo_nodes.RealNodes | None = None
+        """Real nodes: the kubeadm bootstrap provider and the workload control plane."""
         self.created = False
         self.ready = False
         self.failures: list[str] = []
@@ -1004,9 +1085,19 @@ class Demo:
 
     async def up(self) -> None:
         opts = self.options
-        image_path, image_url = self._image_source()
+        node_image = self._node_image() if opts.real_nodes else None
+        image_path, image_url = (None, None) if opts.real_nodes else self._image_source()
         assets = find_control_plane_assets()
         capi_assets = find_capi_assets()
+        node_bin = None
+        if opts.real_nodes:
+            node_bin = demo_nodes.find_node_bin(cache=_cache_dir())
+            demo_nodes.check_assets(node_bin=node_bin, envtest=assets.directory, capi=capi_assets)
+        elif is_test_driver(opts.uri) and not opts.vm_only:
+            self.ui.say(
+                "the libvirt test driver boots no guests, so no real nodes: VM-only mode "
+                "(as with --vm-only)"
+            )
         await sweep_stale(self.ui)
         self._check_no_other_demo()
 
@@ -1015,15 +1106,15 @@ class Demo:
         _write_state(self.workdir, {"owner": identity, "uri": opts.uri})
         (self.workdir / "logs").mkdir()
         self._configure_logging()
-        self.ui.say(
-            f"work directory: {self.workdir} (logs: logs/, control-plane/logs/, "
-            "control-plane/capi-core/logs/)"
-        )
+        logs = "logs/, control-plane/logs/, control-plane/capi-core/logs/"
+        if opts.real_nodes:
+            logs += ", control-plane/capi-kubeadm-bootstrap/logs/, workload/logs/"
+        self.ui.say(f"work directory: {self.workdir} (logs: {logs})")
 
         network_cidr = opts.network_cidr or await self._pick_network()
         server: ImageServer | None = None
         sha256: str | None = None
-        if image_url is None:
+        if image_url is None and not opts.real_nodes:
             if image_path is not None:
                 with self.ui.step(f"Checksumming the base image {image_path}"):
                     sha256 = await asyncio.to_thread(_sha256, image_path)
@@ -1039,12 +1130,13 @@ class Demo:
             name=opts.name,
             uri=opts.uri,
             machines=opts.machines,
-            image_url=image_url,
+            image_url=image_url or "",
             image_sha256=sha256,
             cidr=network_cidr,
             pool_path=str(self.workdir / "pool"),
             domain_type=opts.domain_type,
             memory_mib=opts.memory_mib,
+            **(await self._real_node_plan(node_image, node_bin)),
         )
         network, pool = layout_names(self.plan)
         _write_state(
@@ -1069,21 +1161,100 @@ class Demo:
         self.kubeconfig.chmod(0o600)
         crd_dir = self.workdir / "crds"
         _write_crds(crd_dir)
-        with self.ui.step("Installing capl's CRDs"):
+        crds = "capl's CRDs"
+        if opts.real_nodes:
+            demo_nodes.write_testbed_manifests(crd_dir)
+            crds += " and the TestbedControlPlane CRD"
+        with self.ui.step(f"Installing {crds}"):
             await self._cancellable(self.plane.install_crds(crd_dir))
         self.capi = CapiCore(plane=self.plane, capi=capi_assets)
         with self.ui.step(f"Starting the Cluster API core manager {capi_assets.version}"):
             await self._cancellable(self.capi.start())
+        if node_bin is not None:
+            await self._start_bootstrap_provider(node_bin, assets.directory, capi_assets)
         self.ui.say("processes: " + ", ".join(self._processes()))
 
         with self.ui.step("Starting capl's manager (in this process)"):
             await self._cancellable(self._start_manager())
+        what = f"{self.plan.machines} machines"
+        if self.plan.real_nodes:
+            ignition, cloud_config = demo_nodes.split_workers(self.plan.machines)
+            what = f"workers: {ignition} Ignition, {cloud_config} cloud-config"
         with self.ui.step(
             f"Creating the demo cluster {self.plan.name!r} on {opts.uri} "
-            f"(isolated network {self.plan.cidr}, {self.plan.machines} machines)"
+            f"(isolated network {self.plan.cidr}, {what})"
         ):
             await self._cancellable(self._create())
+        if self.nodes is not None:
+            await self._start_workload_control_plane()
         await self._watch()
+
+    # -- real nodes (capl.commands.demo_nodes) -------------------------------------------------
+
+    def _node_image(self) -> Path:
+        opts = self.options
+        if not demo_nodes.runs_here(opts.uri):
+            raise CliError(
+                f"real nodes need {opts.uri} to be this machine (their control plane runs here, "
+                "on the cluster network's host address): pass --vm-only",
+                code=EXIT_USAGE,
+            )
+        if opts.image is not None:
+            raise CliError(
+                "--image is the base image of the VM-only mode: add --vm-only (real nodes boot "
+                "the node image, --node-image)",
+                code=EXIT_USAGE,
+            )
+        return demo_nodes.find_node_image(opts.node_image, cache=_cache_dir())
+
+    async def _real_node_plan(self, image: Path | None, node_bin: Path | None) -> dict[str, Any]:
+        if image is None or node_bin is None:
+            return {}
+        version = await demo_nodes.kubeadm_version(node_bin / "bin" / "kubeadm")
+        return {
+            "real_nodes": True,
+            "image_path": str(image),
+            "cpus": demo_nodes.WORKER_CPUS,
+            "kubernetes_version": version,
+        }
+
+    async def _start_bootstrap_provider(
+        self, node_bin: Path, envtest: Path, capi: CapiAssets
+    ) -> None:
+        assert self.plan is not None
+        assert self.plane is not None
+        assert self.workdir is not None
+        self.nodes = demo_nodes.RealNodes(
+            plan=self.plan,
+            workdir=self.workdir,
+            node_bin=node_bin,
+            envtest=envtest,
+            plane=self.plane,
+            capi=capi,
+        )
+        with self.ui.step(
+            f"Starting the Cluster API kubeadm bootstrap provider {capi.version} (Ignition on)"
+        ):
+            await self._cancellable(self.nodes.start_bootstrap_provider())
+
+    async def _start_workload_control_plane(self) -> None:
+        nodes, client = self.nodes, self.client
+        assert nodes is not None
+        assert client is not None
+        with self.ui.step("Waiting for capl to create the cluster network") as progress:
+            await self._cancellable(nodes.wait_for_network(client, progress=progress))
+        with self.ui.step(
+            f"Starting the workload cluster's control plane on {nodes.endpoint} (etcd, "
+            "kube-apiserver, kube-controller-manager, kube-scheduler on this machine)"
+        ):
+            await self._cancellable(nodes.start_control_plane())
+        with self.ui.step(
+            "Publishing it to Cluster API (Secrets <cluster>-ca and <cluster>-kubeconfig, "
+            "TestbedControlPlane status)"
+        ):
+            await self._cancellable(nodes.publish(client))
+        self.ui.say("processes: " + ", ".join(nodes.workload_processes()))
+        self.ui.say(f"workload kubeconfig: {nodes.kubeconfig}")
 
     def _image_source(self) -> tuple[Path | None, str | None]:
         """(local file, URL): exactly one, or neither on the test driver (synthetic)."""
@@ -1188,6 +1359,8 @@ class Demo:
                     found.append(f"{proc.name} pid {proc.pid}")
         if self.capi is not None and self.capi.process is not None:
             found.append(f"{self.capi.process.name} pid {self.capi.process.pid}")
+        if self.nodes is not None:
+            found += self.nodes.processes()
         return found
 
     async def _start_manager(self) -> None:
@@ -1251,7 +1424,7 @@ class Demo:
         return await collect(self.client, namespace=self.plan.namespace, cluster=self.plan.name)
 
     def _caption(self, tracker: Tracker, report: StatusReport) -> str:
-        parts = [f"{tracker.ready}/{tracker.expected} Ready"]
+        parts = [ready_line(tracker.ready, tracker.expected, nodes=tracker.nodes)]
         for cluster in report.clusters:
             if cluster.ready != "True":
                 parts.append(f"LibvirtCluster Ready={cluster.ready or '-'}")
@@ -1267,15 +1440,18 @@ class Demo:
         assert self.plan is not None
         assert self.plane is not None
         plan = self.plan
-        tracker = Tracker(cluster=plan.name, expected=plan.machines)
+        tracker = Tracker(cluster=plan.name, expected=plan.machines, nodes=plan.real_nodes)
         deadline = time.monotonic() + self.options.ready_timeout
         title = f"capl demo: cluster {plan.name} on {plan.uri} ({plan.machines} machines)"
+        if self.nodes is not None:
+            title = (
+                f"capl demo: cluster {plan.name} on {plan.uri} ({plan.machines} worker "
+                f"machines; control plane on this machine, {self.nodes.endpoint})"
+            )
         report: StatusReport | None = None
-        with self.ui.live(title) as view:
+        with self.ui.live(title, nodes=plan.real_nodes) as view:
             while True:
-                self._check_manager()
-                report = await self._report()
-                tracker.update(report, now=time.time())
+                report = await self._update(tracker)
                 view.show(tracker.rows, self._caption(tracker, report))
                 if tracker.all_ready or time.monotonic() > deadline:
                     break
@@ -1284,48 +1460,69 @@ class Demo:
             from capl.commands.status import render_plain
 
             self.ui.say(render_plain(report))
+            done = "machines with a Ready Node" if plan.real_nodes else "machines Ready"
             raise CliError(
-                f"{tracker.ready} of {plan.machines} machines Ready after "
+                f"{tracker.ready} of {plan.machines} {done} after "
                 f"{self.options.ready_timeout:.0f} s (--ready-timeout); the conditions above "
                 "say what they wait for"
             )
         self.ready = True
-        self.ui.say(ready_line(tracker.ready, plan.machines))
+        self.ui.say(ready_line(tracker.ready, plan.machines, nodes=plan.real_nodes))
         self.ui.say("")
+        kubectl = _command("kubectl", self.plane.assets.kubectl)
+        workload_kubeconfig = None
+        if self.nodes is not None:
+            workload_kubeconfig = str(self.nodes.kubeconfig)
+            self.ui.say(
+                f"The workload cluster (its control plane runs on this machine, "
+                f"{self.nodes.endpoint}):\n  {kubectl} --kubeconfig {workload_kubeconfig} "
+                "get nodes\n"
+            )
         self.ui.say(
             next_steps(
                 plan=plan,
                 kubeconfig=str(self.kubeconfig),
-                kubectl=_command("kubectl", self.plane.assets.kubectl),
+                kubectl=kubectl,
                 capl=_command("capl", Path(sys.argv[0])),
                 metrics_url=self._metrics_url(),
+                workload_kubeconfig=workload_kubeconfig,
+                console_machine=tracker.rows[0].name if plan.real_nodes else None,
             )
         )
         if self.options.exit_when_ready:
             return
         await self._follow(tracker)
 
+    async def _update(self, tracker: Tracker) -> StatusReport:
+        """One poll: the status report, with real nodes also the workload cluster's Nodes."""
+        self._check_manager()
+        report = await self._report()
+        nodes = await self.nodes.nodes() if self.nodes is not None else None
+        tracker.update(report, now=time.time(), nodes=nodes)
+        return report
+
     async def _follow(self, tracker: Tracker) -> None:
         """After Ready: a line per change until the demo is stopped."""
         lines = _Lines(self.ui)
         lines.prime(tracker.rows)
         counts = (len(tracker.rows), tracker.ready)
+        ready = "with a Ready Node" if tracker.nodes else "Ready"
         with contextlib.suppress(Interrupted):
             while True:
                 await self._sleep(2.0)
-                self._check_manager()
-                report = await self._report()
-                tracker.update(report, now=time.time())
+                await self._update(tracker)
                 lines.show(tracker.rows, "")
                 now = (len(tracker.rows), tracker.ready)
                 if now != counts:
                     counts = now
-                    self.ui.say(f"now {now[0]} machines, {now[1]} of them Ready")
+                    self.ui.say(f"now {now[0]} machines, {now[1]} of them {ready}")
 
     def _check_manager(self) -> None:
         if self.manager_task is not None and self.manager_task.done():
             exc = self.manager_task.exception() if not self.manager_task.cancelled() else None
             raise CliError(f"capl's manager stopped: {exc!r} (see logs/capl-manager.log)")
+        if self.nodes is not None:
+            self.nodes.check_running()
 
     # -- clean-up -----------------------------------------------------------------------------
 
@@ -1350,6 +1547,12 @@ class Demo:
             if client is not None:
                 with contextlib.suppress(Exception):
                     await client.close()
+        if self.nodes is not None:
+            # after the API-driven deletion: Cluster API drains and deletes the Nodes through
+            # the workload control plane
+            stopped = await self.nodes.stop()
+            self.failures += stopped
+            ok &= not stopped
         if self.capi is not None:
             ok &= await self._step_quietly("stopping the Cluster API manager", self.capi.stop)
         if self.plane is not None:
@@ -1409,11 +1612,10 @@ class Demo:
             "their domains, volumes and DHCP/DNS entries, then the network and the pool."
         )
         with self.ui.step("Deleting the demo cluster") as progress:
-            for resource, name in (
-                (machine_deployment(), plan.deployment),
-                (MACHINE, plan.control_plane_machine),
-                (CLUSTER, plan.name),
-            ):
+            targets = [(machine_deployment(), name) for name in plan.deployments]
+            if not plan.real_nodes:
+                targets.append((MACHINE, plan.control_plane_machine))
+            for resource, name in [*targets, (CLUSTER, plan.name)]:
                 with contextlib.suppress(NotFound):
                     await client.resource(resource).delete(ObjectKey(plan.namespace, name))
             deadline = time.monotonic() + self.options.cleanup_timeout
@@ -1591,48 +1793,75 @@ def _dns_label(text: str) -> str:
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
-        help="a demo cluster of real VMs on this machine, removed on Ctrl-C",
+        help="a demo cluster of real Kubernetes nodes on this machine, removed on Ctrl-C",
         formatter_class=formatter,
         description=(
-            "Start a local control plane, the Cluster API core manager and capl's manager,\n"
-            "create a cluster of N machines on a libvirt host (one control-plane Machine with\n"
-            "Ignition, a MachineDeployment of workers with cloud-config), show them in a\n"
-            "live view until all are Ready, then print `N/N machines Ready` and what to try.\n"
+            "Start a local control plane, the Cluster API core manager, its kubeadm bootstrap\n"
+            "provider and capl's manager; create a cluster whose workers are VMs of capl's node\n"
+            "image (a MachineDeployment bootstrapped with Ignition, one with cloud-config, both\n"
+            "by the kubeadm bootstrap provider) that join a workload control plane running on\n"
+            "this machine; show them in a live view (with each machine's Node) until every\n"
+            "Node is Ready, then print `N/N Nodes Ready`, the workload kubeconfig\n"
+            "(<work directory>/workload.kubeconfig) and what to try.\n"
+            "--vm-only: the fast demo of capl alone, N VMs of the test guest (one control-plane\n"
+            "Machine with Ignition, workers with cloud-config, no kubelet) until `N/N machines\n"
+            "Ready`; the libvirt test driver (test:///default) implies it.\n"
             "Ctrl-C (or SIGTERM) deletes the cluster through the API, checks that capl\n"
             "removed every domain, volume, DHCP/DNS entry, network and pool (anything left\n"
             "that carries the demo's ownership tags is removed directly), stops every\n"
             "process and removes the work directory.\n"
             "\n"
-            "Needs the control-plane binaries (`make envtest`, $KUBEBUILDER_ASSETS) and the\n"
-            "Cluster API build (`make capi`, $CAPL_CAPI_DIR); both are also found in\n"
-            "$CAPL_CACHE. `make demo` builds everything and runs this with the test guest."
+            "Needs the control-plane binaries (`make envtest`, $KUBEBUILDER_ASSETS), the\n"
+            "Cluster API build (`make capi`, $CAPL_CAPI_DIR) and for real nodes the node\n"
+            "binaries (`make node-bin`, $CAPL_NODE_BIN) and image (`make node-image`,\n"
+            "$CAPL_NODE_IMAGE); all are also found in $CAPL_CACHE. `make demo` builds\n"
+            "everything and runs this."
         ),
         epilog=(
             "examples:\n"
-            "  capl demo --image $(hack/guest-image.sh | tail -n1)     3 real VMs (TCG)\n"
-            "  capl demo --libvirt-uri test:///default               the same in seconds, no VMs\n"
-            "  capl demo --machines 5 --image ~/fcos.qcow2 --domain-type kvm\n"
-            "  capl demo --libvirt-uri qemu+ssh://root@kvm1/system --image https://host/os.qcow2\n"
+            "  capl demo --node-image $(hack/node-image.sh | tail -n1)   2 real nodes (TCG)\n"
+            "  capl demo --machines 4 --domain-type kvm                  4 real nodes (KVM)\n"
+            "  capl demo --vm-only --image $(hack/guest-image.sh | tail -n1)   3 VMs, no kubelet\n"
+            "  capl demo --libvirt-uri test:///default                   VM-only in seconds\n"
+            "  capl demo --vm-only --libvirt-uri qemu+ssh://root@kvm1/system --image https://host/os.qcow2\n"
             "\n"
-            "exit codes: 0 stopped after all machines were Ready, 1 failed (after clean-up),\n"
-            "2 bad usage, 4 libvirt host unreachable, 130 interrupted before Ready"
+            "exit codes: 0 stopped after every machine was Ready (real nodes: had a Ready\n"
+            "Node), 1 failed (after clean-up), 2 bad usage, 4 libvirt host unreachable,\n"
+            "130 interrupted before Ready"
         ),
     )
     p.add_argument(
         "--libvirt-uri",
         default="qemu:///system",
         metavar="URI",
-        help="the libvirt host (default qemu:///system; test:///default: no real VMs)",
+        help="the libvirt host (default qemu:///system; real nodes need this machine; "
+        "test:///default: no real VMs, implies --vm-only)",
     )
     p.add_argument(
-        "--machines", type=_machines, default=3, metavar="N", help="machines in total (3)"
+        "--vm-only",
+        action="store_true",
+        help="VMs of the test guest instead of real nodes: capl's part alone, fast (~1 min)",
+    )
+    p.add_argument(
+        "--machines",
+        type=_machines,
+        default=None,
+        metavar="N",
+        help="worker machines (2: one Ignition, one cloud-config); --vm-only: machines in "
+        "total (3)",
+    )
+    p.add_argument(
+        "--node-image",
+        default=None,
+        metavar="PATH",
+        help="the node image (default: $CAPL_NODE_IMAGE, else the one `make node-image` built)",
     )
     p.add_argument(
         "--image",
         default=None,
         metavar="PATH|URL",
-        help="base qcow2 image (default: $CAPL_GUEST_IMAGE, else the test guest `make "
-        "guest-image` built; not needed on the test driver)",
+        help="--vm-only: base qcow2 image (default: $CAPL_GUEST_IMAGE, else the test guest "
+        "`make guest-image` built; not needed on the test driver)",
     )
     p.add_argument(
         "--keep", action="store_true", help="keep the work directory (all logs) after the demo"
@@ -1651,13 +1880,19 @@ def register(sub: Any) -> None:
         default="qemu",
         help="qemu = TCG emulation, works everywhere (default); kvm is faster on bare metal",
     )
-    p.add_argument("--memory-mib", type=int, default=256, help="memory per machine (256)")
+    p.add_argument(
+        "--memory-mib",
+        type=int,
+        default=None,
+        help=f"memory per machine ({demo_nodes.WORKER_MEMORY_MIB}; --vm-only: 256)",
+    )
     p.add_argument(
         "--ready-timeout",
         type=_seconds,
-        default=600.0,
+        default=None,
         metavar="DURATION",
-        help="give up when not all machines are Ready after this long (10m)",
+        help="give up when not every machine is Ready (real nodes: has a Ready Node) after "
+        "this long (20m; --vm-only: 10m)",
     )
     p.add_argument(
         "--cleanup-timeout",
@@ -1669,26 +1904,37 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--exit-when-ready",
         action="store_true",
-        help="clean up and exit once all machines are Ready (for scripts and benchmarks)",
+        help="clean up and exit once all machines are Ready, real nodes: every Machine has a "
+        "Ready Node (for scripts and benchmarks)",
     )
     p.add_argument("--log-level", default="info", help="capl manager log level (info)")
     p.set_defaults(run=run)
 
 
 def options_from_args(args: argparse.Namespace) -> DemoOptions:
+    """The options; the defaults that depend on the mode (real nodes or --vm-only) resolved."""
+    real = not args.vm_only and not is_test_driver(args.libvirt_uri)
+
+    def pick(value: Any, real_default: Any, vm_default: Any) -> Any:
+        if value is not None:
+            return value
+        return real_default if real else vm_default
+
     return DemoOptions(
         uri=args.libvirt_uri,
-        machines=args.machines,
+        machines=pick(args.machines, 2, 3),
         image=args.image,
         keep=args.keep,
         name=args.name,
         network_cidr=args.network_cidr,
         domain_type=args.domain_type,
-        memory_mib=args.memory_mib,
-        ready_timeout=args.ready_timeout,
+        memory_mib=pick(args.memory_mib, demo_nodes.WORKER_MEMORY_MIB, 256),
+        ready_timeout=pick(args.ready_timeout, 1200.0, 600.0),
         cleanup_timeout=args.cleanup_timeout,
         exit_when_ready=args.exit_when_ready,
         log_level=args.log_level,
+        vm_only=args.vm_only,
+        node_image=args.node_image,
     )
 
 

@@ -215,6 +215,7 @@ def test_live_view_until_ready_then_ctrl_c_removes_everything() -> None:
         for column in ("MACHINE", "HOST", "STATE", "ADDRESS", "READY", "ELAPSED"):
             assert column in text
         run.wait_for(r"^Ctrl-C stops the demo", within=30)
+        assert "no real nodes: VM-only mode (as with --vm-only)" in run.text
         assert f"status --kubeconfig {workdir}/kubeconfig" in run.text
         assert "scale machinedeployment demo-workers" in run.text
 
@@ -289,7 +290,7 @@ def test_ctrl_c_during_set_up_stops_what_was_started() -> None:
 def test_an_unreachable_libvirt_host_is_one_line_and_exit_4() -> None:
     uri = "qemu+unix:///system?socket=/nonexistent/capl-demo.sock"
     image = "http://127.0.0.1:9/never-fetched.qcow2"
-    with demo_run(["--libvirt-uri", uri, "--image", image], tty=False) as run:
+    with demo_run(["--vm-only", "--libvirt-uri", uri, "--image", image], tty=False) as run:
         workdir = run.workdir()
         code = run.wait(within=60)
     assert code == 4, run.text

@@ -1,4 +1,7 @@
-"""`capl demo` with the real libvirtd and three real TCG guests, as `make demo` runs it.
+"""`capl demo --vm-only` with the real libvirtd and three real TCG guests of the test image.
+
+(The default mode, real Kubernetes nodes of the node image, is tests/nodes/test_demo_nodes.py:
+it needs the node image and takes minutes, so it runs in the real-node stage.)
 
 In a pseudo-terminal: wait for `3/3 machines Ready`, check with virsh that three capl
 domains run on the demo's network (so the view is not lying), press Ctrl-C, and then ask
@@ -67,7 +70,8 @@ def test_three_real_vms_become_ready_and_ctrl_c_leaves_nothing(
     name = f"demo-{secrets.token_hex(2)}"
     domain_prefix = f"capl-default-{name}-"
     network = pool = f"capl-default.{name}"
-    args = ["--libvirt-uri", libvirtd_uri, "--image", str(guest_image), "--name", name]
+    args = ["--vm-only", "--libvirt-uri", libvirtd_uri, "--image", str(guest_image)]
+    args += ["--name", name]
     t0 = time.monotonic()
     with demo_run(args, tty=True) as run:
         workdir = run.workdir()
@@ -110,7 +114,8 @@ def test_three_real_vms_become_ready_and_ctrl_c_leaves_nothing(
 def test_a_killed_demo_is_cleaned_up_by_the_next_one(libvirtd_uri: str, guest_image: Path) -> None:
     name = f"killed-{secrets.token_hex(2)}"
     network = f"capl-default.{name}"
-    args = ["--libvirt-uri", libvirtd_uri, "--image", str(guest_image), "--name", name]
+    args = ["--vm-only", "--libvirt-uri", libvirtd_uri, "--image", str(guest_image)]
+    args += ["--name", name]
     with demo_run([*args, "--machines", "1"], tty=False) as run:
         workdir = run.workdir()
         pids = run.started_pids()

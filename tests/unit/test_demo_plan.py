@@ -405,7 +405,8 @@ def test_help_lists_the_flags_and_examples(capsys: pytest.CaptureFixture[str]) -
         main(["demo", "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    for flag in ("--libvirt-uri", "--machines", "--image", "--keep", "examples:", "exit codes"):
+    flags = ("--libvirt-uri", "--machines", "--image", "--node-image", "--vm-only", "--keep")
+    for flag in (*flags, "examples:", "exit codes"):
         assert flag in out
 
 
@@ -414,7 +415,7 @@ def test_a_real_host_without_an_image_is_a_usage_error(
 ) -> None:
     monkeypatch.delenv("CAPL_GUEST_IMAGE", raising=False)
     monkeypatch.setenv("CAPL_CACHE", "/nonexistent/capl-cache")
-    assert main(["demo", "--libvirt-uri", "qemu:///system"]) == 2
+    assert main(["demo", "--vm-only", "--libvirt-uri", "qemu:///system"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == (
         "capl: error: no guest image: pass --image PATH|URL (`make guest-image` builds the "
@@ -425,7 +426,7 @@ def test_a_real_host_without_an_image_is_a_usage_error(
 def test_a_missing_image_file_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["demo", "--image", str(tmp_path / "nope.qcow2")]) == 2
+    assert main(["demo", "--vm-only", "--image", str(tmp_path / "nope.qcow2")]) == 2
     assert "no such file" in capsys.readouterr().err
 
 
