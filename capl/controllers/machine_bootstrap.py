@@ -134,6 +134,10 @@ _SUBSTITUTIONS: tuple[tuple[re.Pattern[str], str], ...] = (
 _BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{32,}={0,2}")
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+# systemd's console progress ("[ ***  ] A start job is running for ...", "[**    ] Job x/start
+# running (1min 43s / 2min 20s)"): one line a second while a unit starts, which would push
+# everything else out of the tail; only the newest is kept
+_PROGRESS = re.compile(r"^\[[ *]{6}\] (?:A (?:start|stop) job is running|Job \S+ running)")
 
 
 def _random_looking(match: re.Match[str]) -> str:
@@ -162,6 +166,8 @@ def console_tail(data: bytes, *, cut: bool, lines: int, max_bytes: int) -> list[
     """The last ``lines`` non-empty lines of console output, redacted, at most ``max_bytes``
     (UTF-8, a newline per line counted) in all.
 
+    Of systemd's progress lines only the newest is kept.
+
     ``cut``: ``data`` does not start at the beginning of the log, so its first line is
     partial and is dropped (a secret cut in half would not be recognised). Terminal escape
     sequences and control characters are removed *before* redaction (they could otherwise
@@ -172,6 +178,10 @@ def console_tail(data: bytes, *, cut: bool, lines: int, max_bytes: int) -> list[
     text = data.decode("utf-8", errors="replace").replace("\r", "")
     text = _CONTROL.sub("", _ANSI.sub("", text))
     kept = [line.rstrip() for line in redact(text).split("\n") if line.strip()]
+    progress = [i for i, line in enumerate(kept) if _PROGRESS.match(line)]
+    if progress:
+        drop = set(progress[:-1])
+        kept = [line for i, line in enumerate(kept) if i not in drop]
     return _bounded(kept[-lines:] if lines > 0 else [], max_bytes)
 
 

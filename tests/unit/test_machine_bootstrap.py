@@ -159,6 +159,18 @@ def test_tail_removes_escapes_before_redacting() -> None:
     assert console_tail(log, cut=False, lines=20, max_bytes=4096) == ["[redacted]", "done"]
 
 
+def test_tail_keeps_only_the_newest_systemd_progress_line() -> None:
+    # systemd redraws its progress once a second: it must not push the error out of the tail
+    log = b"CRITICAL : Ignition failed: config is not valid\n" + b"".join(
+        b"\x1b[0;1;31m[**    ]\x1b[0m Job containerd.service/start running (%ds / 2min 20s)\r\n" % i
+        for i in range(40)
+    )
+    assert console_tail(log, cut=False, lines=5, max_bytes=4096) == [
+        "CRITICAL : Ignition failed: config is not valid",
+        "[**    ] Job containerd.service/start running (39s / 2min 20s)",
+    ]
+
+
 def test_tail_of_invalid_utf8_and_empty_logs() -> None:
     assert console_tail(b"\xff\xfeok\n", cut=False, lines=20, max_bytes=100) == ["\ufffd\ufffdok"]
     assert console_tail(b"", cut=False, lines=20, max_bytes=100) == []

@@ -179,13 +179,13 @@ def test_vip_inside_dhcp_range_is_rejected() -> None:
     # the host's own address on the network (an API server on the libvirt host) is valid
     gateway = cluster(network=network, controlPlaneEndpoint={"host": "192.168.150.1", "port": 6443})
     assert validate_libvirt_cluster(gateway).allowed
-    broadcast = {"host": "192.168.150.255", "port": 6443}
-    assert (
-        errors(validate_libvirt_cluster(cluster(network=network, controlPlaneEndpoint=broadcast)))[
-            0
-        ]
-        == "spec.controlPlaneEndpoint.host: 192.168.150.255 is the network or broadcast address of 192.168.150.0/24"
+    broadcast = cluster(
+        network=network, controlPlaneEndpoint={"host": "192.168.150.255", "port": 6443}
     )
+    assert errors(validate_libvirt_cluster(broadcast)) == [
+        "spec.controlPlaneEndpoint.host: 192.168.150.255 is the network or broadcast address"
+        " of 192.168.150.0/24"
+    ]
     by_name = cluster(network=network, controlPlaneEndpoint={"host": "api.example", "port": 6443})
     assert validate_libvirt_cluster(by_name).allowed
 
