@@ -93,7 +93,7 @@ ROOT="$WORK/root"
 # --- container images, from local binaries ----------------------------------------------
 
 # oci_image NAME:TAG ENTRYPOINT FILE=PATH...: a single-layer image holding FILEs, saved as a
-# docker-archive under $ROOT/usr/lib/capl/images (containerd imports it at boot).
+# docker-archive under $WORK/images (preload_images puts it into the root).
 oci_image() {
 	local ref="$1" entry="$2" layout="$WORK/oci" bundle="$WORK/bundle" spec dest src
 	shift 2
@@ -109,7 +109,7 @@ oci_image() {
 	umoci repack --image "$layout:img" "$bundle"
 	# shellcheck disable=SC2086 # the entrypoint is a list of words
 	umoci config --image "$layout:img" --config.entrypoint ${entry// / --config.entrypoint } \
-		--os linux --architecture amd64
+		--config.env PATH=/usr/local/bin:/usr/bin:/bin --os linux --architecture amd64
 	skopeo copy -q "oci:$layout:img" "docker-archive:$WORK/images/${ref//[\/:]/_}.tar:$ref"
 }
 
@@ -187,7 +187,7 @@ preload_images >>"$LOG" 2>&1 || { tail -n 30 "$LOG" >&2; die "preloading the con
 # no static hostname (the DHCP host name capl reserves is the node name), first boot state:
 # an uninitialized machine-id makes systemd apply presets once, which is how legacy Ignition
 # enables units (it writes a preset file, not symlinks).
-chroot "$ROOT" systemctl enable containerd.service kubelet.service \
+chroot "$ROOT" systemctl enable containerd.service kubelet.service capl-ignition-report.service \
 	systemd-networkd.service systemd-networkd-wait-online.service systemd-resolved.service >>"$LOG" 2>&1
 chroot "$ROOT" systemctl mask serial-getty@ttyS0.service >>"$LOG" 2>&1
 rm -f "$ROOT/etc/hostname"

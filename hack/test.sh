@@ -8,6 +8,7 @@ cd "$HERE/.."
 
 stage_start=$SECONDS
 bed_up
+nodes_up
 # The clusterctl local repository the e2e tests install capl from (out/infrastructure-libvirt).
 timed release-manifests hack/release-manifests.sh >/dev/null
 # Every fixture must find its part: a missing part fails the run instead of skipping tests.
@@ -16,7 +17,7 @@ note "set-up: $((SECONDS - stage_start)) s"
 
 PYTEST=(.venv/bin/pytest -p no:cacheprovider)
 # CAPL_TEST_STAGES narrows the run to some stages (e.g. "controllers chaos") when iterating.
-for stage in ${CAPL_TEST_STAGES:-unit virt kube controllers chaos libvirtd security e2e}; do
+for stage in ${CAPL_TEST_STAGES:-unit virt kube controllers chaos libvirtd security e2e nodes}; do
 	# a stage with no test files yet is skipped (pytest would exit 5, "no tests collected")
 	compgen -G "tests/$stage/test_*.py" >/dev/null || continue
 	timed "tests/$stage" "${PYTEST[@]}" "tests/$stage" ${PYTEST_ARGS:-}

@@ -2,7 +2,7 @@
 
 Real nodes (capl's node image: kubelet, containerd, kubeadm) join a workload cluster with the
 bootstrap data of Cluster API's kubeadm bootstrap provider. Booting its control plane as a
-KubeadmControlPlane machine under TCG is slow (`make e2e-kcp` measures it), so the test bed
+KubeadmControlPlane machine under TCG is slow (a worker alone needs minutes), so the test bed
 and `capl demo` run the control plane on the host instead, and build it with kubeadm itself:
 
 - `kubeadm init phase certs all` and `kubeconfig all` make the PKI and the kubeconfigs

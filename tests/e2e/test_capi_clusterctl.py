@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from capl.testbed import ControlPlane
+from capl.testbed import ControlPlane, hostedcp
 from capl.testbed.capi import (
     CERT_MANAGER_TEST_NAMESPACE,
     CapiAssets,
@@ -42,7 +42,11 @@ from tests.fixtures.common import require_part
 pytestmark = [pytest.mark.e2e, pytest.mark.apiserver]
 
 KUBERNETES_VERSION = "v1.35.4"
-TEMPLATE_VARIABLES = {"LIBVIRT_IMAGE_URL": "http://127.0.0.1:8/images/capl-test.qcow2"}
+TEMPLATE_VARIABLES = {
+    "LIBVIRT_IMAGE_URL": "http://127.0.0.1:8/images/capl-test.qcow2",
+    # the offline flavors boot the node image from a file on the host
+    "LIBVIRT_IMAGE_PATH": "/var/lib/libvirt/images/capl-node.qcow2",
+}
 CLUSTERCTL_LABEL = "clusterctl.cluster.x-k8s.io"
 
 
@@ -231,6 +235,14 @@ async def test_generated_clusters_apply_cleanly(
         if any(k.startswith("Kubeadm") for k in kinds) and not kubeadm_installed:
             await _install_kubeadm_crds(plane, capi_assets)
             kubeadm_installed = True
+        if hostedcp.CP_KIND in kinds:
+            # the offline flavor's control plane is the test bed's stand-in kind
+            crd = json.dumps(hostedcp.control_plane_crd()).encode()
+            await plane.kubectl("apply", "--server-side", "-f", "-", stdin=crd)
+            await plane.kubectl(
+                "wait", "--for=condition=Established",
+                f"crd/{hostedcp.CP_PLURAL}.{hostedcp.CP_GROUP}",
+            )  # fmt: skip
 
         await plane.kubectl("create", "namespace", namespace)
         t1 = time.monotonic()

@@ -280,7 +280,8 @@ async def publish_control_plane(real: RealCluster) -> None:
 
 
 async def delete_real_cluster(real: RealCluster, *, within: float = 300.0) -> float:
-    """Delete the Cluster, wait until it is gone, stop the control plane; seconds taken."""
+    """Delete the Cluster and wait until it is gone (the control plane keeps running: Cluster
+    API drains the nodes through it); seconds taken."""
     t0 = time.monotonic()
     with contextlib.suppress(NotFound):
         await real.api.resource(CLUSTER).delete(ObjectKey(real.namespace, real.name))

@@ -16,16 +16,22 @@ import pytest
 
 from capl.testbed.capi import CapiAssets, LocalProvider
 from capl.testbed.kubeadm_providers import KubeadmProviders
-from tests.e2e.harness import REPORT, LibvirtView, Management, start_management
+from tests.e2e.harness import REPORT, LibvirtView, Management, report, start_management
 from tests.fixtures.capi import ControlPlaneFactory
 from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import require_part
-from tests.nodes.bed import NODE_IMAGE_ENV, RealCluster, create_real_cluster, env_path
+from tests.nodes.bed import (
+    NODE_IMAGE_ENV,
+    RealCluster,
+    create_real_cluster,
+    delete_real_cluster,
+    env_path,
+)
 
-# The bootstrap timeout is short so that the bad-input test sees it within the module; a
-# slow good node that passes it turns True again (and gets one Warning event, which is
-# what a user should see).
-CAPL_NODES_ARGS = ("--machine-shutdown-timeout=30s", "--bootstrap-timeout=4m")
+# The bootstrap timeout is short enough for the bad-input test to see it within the module
+# (it looks last), long enough for good nodes booting side by side on two cores (a slow
+# good node that passes it turns True again, after one Warning event).
+CAPL_NODES_ARGS = ("--machine-shutdown-timeout=30s", "--bootstrap-timeout=10m")
 
 
 @pytest.fixture(scope="session")
@@ -95,10 +101,25 @@ async def real_cluster(
     try:
         yield real
     finally:
+        await _teardown(real, management, view)
+
+
+async def _teardown(real: RealCluster, management: Management, view: LibvirtView) -> None:
+    """Delete the cluster through the API (a test may have done so); then stop capl — it
+    would re-create a domain removed under it — and remove whatever is left directly."""
+    try:
+        await delete_real_cluster(real, within=300)
+    except Exception as exc:  # reported below with what had to be removed by hand
+        report(f"cluster deletion failed: {exc}")
+    finally:
         if real.workload is not None:
             await real.workload.close()
         await real.control_plane.stop()
-        view.force_cleanup(domain_prefix=real.domain_prefix, network=real.network, pool=real.pool)
+        await management.capl.stop()
+        left = view.force_cleanup(
+            domain_prefix=real.domain_prefix, network=real.network, pool=real.pool
+        )
+    assert not left, f"had to remove by hand: {left}"
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

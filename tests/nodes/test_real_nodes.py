@@ -336,7 +336,9 @@ async def test_bad_bootstrap_data_is_reported_with_the_console_tail(
     cloud = await eventually(
         lambda: timed_out("rn-bad-cloud-config"), within=600, interval=5, what="failed join"
     )
-    assert "kubeadm" in cloud["message"] or "discovery" in cloud["message"], cloud["message"]
+    # kubeadm's own error, e.g. "error execution phase preflight: couldn't validate the
+    # identity of the API Server: could not find a JWS signature ... for token ID"
+    assert "error execution phase" in cloud["message"], cloud["message"]
     assert BAD_TOKEN not in cloud["message"]
     assert BAD_TOKEN.split(".")[1] not in cloud["message"]
     events = (await real.api.resource(EVENT).list(namespace=real.namespace)).items
@@ -347,7 +349,7 @@ async def test_bad_bootstrap_data_is_reported_with_the_console_tail(
         and (e.get("involvedObject") or {}).get("name") in bad_machines
         and "BootstrapTimedOut" in (e.get("reason") or "")
     ]
-    assert {e["involvedObject"]["name"] for e in warnings} == set(bad_machines), warnings
+    assert {e["involvedObject"]["name"] for e in warnings} >= set(bad_machines), warnings
     assert all(BAD_TOKEN not in (e.get("message") or "") for e in warnings)
     # no crash loop: the domains are running, nothing was re-created
     for name in bad_machines:

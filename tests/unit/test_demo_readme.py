@@ -99,9 +99,9 @@ def test_every_template_variable_is_documented(template: Path) -> None:
 
 def test_every_make_target_mentioned_exists() -> None:
     makefile = (REPO / "Makefile").read_text()
-    targets = set(re.findall(r"^([a-z][a-z-]*):", makefile, re.MULTILINE))
-    mentioned = set(re.findall(r"`make ([a-z][a-z-]*)", README))
-    mentioned |= {t for t in re.findall(r"`([a-z-]+)`", _section("Development")) if t in targets}
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):", makefile, re.MULTILINE))
+    mentioned = set(re.findall(r"`make ([a-z][a-z0-9-]*)", README))
+    mentioned |= {t for t in re.findall(r"`([a-z0-9-]+)`", _section("Development")) if t in targets}
     assert {"demo", "test"} <= mentioned
     assert not sorted(mentioned - targets), f"unknown make targets: {mentioned - targets}"
 
