@@ -14,38 +14,51 @@ What it runs, all owned by this one process:
    off, metrics on a free loopback port, logs to ``<workdir>/logs/capl-manager.log``). In
    process because ``test:///default`` is per-process state: the demo, its checks and the
    manager must share one libvirt test driver;
-4. a **demo cluster** of N machines: a Cluster + LibvirtCluster (one host: ``--libvirt-uri``;
-   an isolated network on a /24 that overlaps no libvirt network and no local route; a
-   directory pool in the work directory), one control-plane Machine + LibvirtMachine
-   bootstrapped with Ignition, and a MachineDeployment of N-1 workers bootstrapped with
-   cloud-config. The base image is served to capl's image import from a loopback HTTP
-   server (the guest image given with ``--image``; on the test driver a synthetic qcow2
-   header does), with its sha256, so the import is the same verified download production
-   uses, and the demo can show its progress.
+4. a **demo cluster** on one host (``--libvirt-uri``) with an isolated network on a /24 that
+   overlaps no libvirt network and no local route and a directory pool in the work
+   directory, in one of two modes:
+
+   - **real nodes** (the default; ``capl.commands.demo_nodes`` has the details): Cluster
+     API's kubeadm bootstrap provider runs beside the core manager, the workload cluster's
+     control plane runs on this machine on the network's host address (``demo_nodes.
+     RealNodes``), and N workers of the node image (``--node-image``, imported by capl from
+     its path) join it: a MachineDeployment bootstrapped with Ignition and one with
+     cloud-config — the objects of templates/cluster-template-offline.yaml;
+   - **VM-only** (``--vm-only``; implied by the test driver, which boots no guests): one
+     control-plane Machine + LibvirtMachine bootstrapped with Ignition and a
+     MachineDeployment of N-1 workers bootstrapped with cloud-config, of the test guest (no
+     kubelet). The base image is served to capl's image import from a loopback HTTP server
+     (the guest image given with ``--image``; on the test driver a synthetic qcow2 header
+     does), with its sha256, so the import is the same verified download production uses,
+     and the demo can show its progress.
 
 Then a **live view** (``rich.Live`` on a terminal; a line per change otherwise) of the
-machines with host, domain state, address, Ready, elapsed time and what each one waits for,
+machines with host, domain state, address, Ready, with real nodes the Node (name, Ready or
+NotReady, read with the workload kubeconfig), elapsed time and what each one waits for,
 built with ``capl.commands.status.collect`` (the same join ``capl status`` shows). When all
-N are Ready it prints exactly one line ``N/N machines Ready`` (scripts wait for it), the
-commands to try, and keeps running, printing changes (e.g. after scaling), until SIGINT or
-SIGTERM.
+N are done it prints exactly one line (scripts wait for it): ``N/N machines Ready``, with
+real nodes ``N/N Nodes Ready`` (every Machine has a Ready Node) and the kubectl line for
+``<workdir>/workload.kubeconfig``; then the commands to try, and keeps running, printing
+changes (e.g. after scaling), until SIGINT or SIGTERM.
 
 **Clean-up** removes everything the demo created, in this order: delete the Cluster,
-MachineDeployment and Machines through the API and wait (``--cleanup-timeout``) until capl
+MachineDeployment(s) and Machines through the API and wait (``--cleanup-timeout``) until capl
 has shut the domains down and removed domains, volumes, DHCP/DNS entries, network and pool;
 stop capl's manager; look at the host through the libvirt port and force-remove whatever of
 *this* demo cluster is still there (only objects carrying capl's ownership tags for it:
-domain metadata, network tag, pool marker) and say so; stop the Cluster API manager and the
-control plane; remove the work directory (``--keep`` keeps it, with every log). A second
-Ctrl-C during clean-up skips the wait and goes straight to the forced removal; nothing is
-abandoned.
+domain metadata, network tag, pool marker) and say so; stop the kubeadm bootstrap provider
+and the workload control plane (after the deletion: Cluster API drains and deletes Nodes
+through it), the Cluster API manager and the control plane; remove the work directory
+(``--keep`` keeps it, with every log). A second Ctrl-C during clean-up skips the wait and
+goes straight to the forced removal; nothing is abandoned.
 
 A demo that was killed (SIGKILL, OOM) cannot clean up: its child processes die with it
 (PR_SET_PDEATHSIG), and the next ``capl demo`` finds its work directory (``demo.json``
 records owner pid and start time, URI and names), removes its libvirt objects by the same
 ownership-checked path and deletes the directory.
 
-Exit codes: 0 stopped by the user after the machines were Ready (or with ``--exit-when-ready``),
+Exit codes: 0 stopped by the user after the machines were Ready (real nodes: had Ready Nodes;
+or with ``--exit-when-ready``),
 1 a step failed or a machine did not become Ready in time (after clean-up), 2 bad usage,
 4 the libvirt host cannot be reached, 130 interrupted before the machines were Ready.
 """
@@ -96,7 +109,7 @@ if TYPE_CHECKING:
     from capl.runtime.manager import Manager
     from capl.runtime.resources import Resource
     from capl.testbed import ControlPlane
-    from capl.testbed.capi import CapiAssets, CapiCore
+    from capl.testbed.capi import CapiCore
     from capl.virt import LibvirtHost, LibvirtHosts
 
 __all__ = [
@@ -1085,14 +1098,19 @@ class Demo:
 
     async def up(self) -> None:
         opts = self.options
-        node_image = self._node_image() if opts.real_nodes else None
+        node_image = None
+        if opts.real_nodes:
+            node_image = demo_nodes.node_image_for(
+                opts.uri, image=opts.image, node_image=opts.node_image, cache=_cache_dir()
+            )
         image_path, image_url = (None, None) if opts.real_nodes else self._image_source()
         assets = find_control_plane_assets()
         capi_assets = find_capi_assets()
-        node_bin = None
-        if opts.real_nodes:
-            node_bin = demo_nodes.find_node_bin(cache=_cache_dir())
-            demo_nodes.check_assets(node_bin=node_bin, envtest=assets.directory, capi=capi_assets)
+        parts = None
+        if node_image is not None:
+            parts = demo_nodes.NodeParts.find(
+                image=node_image, envtest=assets.directory, capi=capi_assets, cache=_cache_dir()
+            )
         elif is_test_driver(opts.uri) and not opts.vm_only:
             self.ui.say(
                 "the libvirt test driver boots no guests, so no real nodes: VM-only mode "
@@ -1136,7 +1154,7 @@ class Demo:
             pool_path=str(self.workdir / "pool"),
             domain_type=opts.domain_type,
             memory_mib=opts.memory_mib,
-            **(await self._real_node_plan(node_image, node_bin)),
+            **(await parts.plan_values() if parts is not None else {}),
         )
         network, pool = layout_names(self.plan)
         _write_state(
@@ -1170,91 +1188,26 @@ class Demo:
         self.capi = CapiCore(plane=self.plane, capi=capi_assets)
         with self.ui.step(f"Starting the Cluster API core manager {capi_assets.version}"):
             await self._cancellable(self.capi.start())
-        if node_bin is not None:
-            await self._start_bootstrap_provider(node_bin, assets.directory, capi_assets)
+        if parts is not None:
+            self.nodes = demo_nodes.RealNodes(
+                plan=self.plan, workdir=self.workdir, parts=parts, plane=self.plane
+            )
+            await self.nodes.start_bootstrap_provider(self.ui, run=self._cancellable)
         self.ui.say("processes: " + ", ".join(self._processes()))
 
         with self.ui.step("Starting capl's manager (in this process)"):
             await self._cancellable(self._start_manager())
-        what = f"{self.plan.machines} machines"
-        if self.plan.real_nodes:
-            ignition, cloud_config = demo_nodes.split_workers(self.plan.machines)
-            what = f"workers: {ignition} Ignition, {cloud_config} cloud-config"
-        with self.ui.step(
-            f"Creating the demo cluster {self.plan.name!r} on {opts.uri} "
-            f"(isolated network {self.plan.cidr}, {what})"
-        ):
-            await self._cancellable(self._create())
         if self.nodes is not None:
-            await self._start_workload_control_plane()
+            assert self.client is not None
+            self.created = True  # from the first object on (the clean-up tolerates NotFound)
+            await self.nodes.create(self.client, self.ui, run=self._cancellable)
+        else:
+            with self.ui.step(
+                f"Creating the demo cluster {self.plan.name!r} on {opts.uri} "
+                f"(isolated network {self.plan.cidr}, {self.plan.machines} machines)"
+            ):
+                await self._cancellable(self._create())
         await self._watch()
-
-    # -- real nodes (capl.commands.demo_nodes) -------------------------------------------------
-
-    def _node_image(self) -> Path:
-        opts = self.options
-        if not demo_nodes.runs_here(opts.uri):
-            raise CliError(
-                f"real nodes need {opts.uri} to be this machine (their control plane runs here, "
-                "on the cluster network's host address): pass --vm-only",
-                code=EXIT_USAGE,
-            )
-        if opts.image is not None:
-            raise CliError(
-                "--image is the base image of the VM-only mode: add --vm-only (real nodes boot "
-                "the node image, --node-image)",
-                code=EXIT_USAGE,
-            )
-        return demo_nodes.find_node_image(opts.node_image, cache=_cache_dir())
-
-    async def _real_node_plan(self, image: Path | None, node_bin: Path | None) -> dict[str, Any]:
-        if image is None or node_bin is None:
-            return {}
-        version = await demo_nodes.kubeadm_version(node_bin / "bin" / "kubeadm")
-        return {
-            "real_nodes": True,
-            "image_path": str(image),
-            "cpus": demo_nodes.WORKER_CPUS,
-            "kubernetes_version": version,
-        }
-
-    async def _start_bootstrap_provider(
-        self, node_bin: Path, envtest: Path, capi: CapiAssets
-    ) -> None:
-        assert self.plan is not None
-        assert self.plane is not None
-        assert self.workdir is not None
-        self.nodes = demo_nodes.RealNodes(
-            plan=self.plan,
-            workdir=self.workdir,
-            node_bin=node_bin,
-            envtest=envtest,
-            plane=self.plane,
-            capi=capi,
-        )
-        with self.ui.step(
-            f"Starting the Cluster API kubeadm bootstrap provider {capi.version} (Ignition on)"
-        ):
-            await self._cancellable(self.nodes.start_bootstrap_provider())
-
-    async def _start_workload_control_plane(self) -> None:
-        nodes, client = self.nodes, self.client
-        assert nodes is not None
-        assert client is not None
-        with self.ui.step("Waiting for capl to create the cluster network") as progress:
-            await self._cancellable(nodes.wait_for_network(client, progress=progress))
-        with self.ui.step(
-            f"Starting the workload cluster's control plane on {nodes.endpoint} (etcd, "
-            "kube-apiserver, kube-controller-manager, kube-scheduler on this machine)"
-        ):
-            await self._cancellable(nodes.start_control_plane())
-        with self.ui.step(
-            "Publishing it to Cluster API (Secrets <cluster>-ca and <cluster>-kubeconfig, "
-            "TestbedControlPlane status)"
-        ):
-            await self._cancellable(nodes.publish(client))
-        self.ui.say("processes: " + ", ".join(nodes.workload_processes()))
-        self.ui.say(f"workload kubeconfig: {nodes.kubeconfig}")
 
     def _image_source(self) -> tuple[Path | None, str | None]:
         """(local file, URL): exactly one, or neither on the test driver (synthetic)."""
@@ -1547,14 +1500,9 @@ class Demo:
             if client is not None:
                 with contextlib.suppress(Exception):
                     await client.close()
-        if self.nodes is not None:
-            # after the API-driven deletion: Cluster API drains and deletes the Nodes through
-            # the workload control plane
-            stopped = await self.nodes.stop()
-            self.failures += stopped
-            ok &= not stopped
-        if self.capi is not None:
-            ok &= await self._step_quietly("stopping the Cluster API manager", self.capi.stop)
+        # side by side; the real nodes' parts only after the API-driven deletion (Cluster API
+        # drains and deletes the Nodes through the workload control plane)
+        ok &= all(await asyncio.gather(self._stop_nodes(), self._stop_capi()))
         if self.plane is not None:
             ok &= await self._step_quietly("stopping the control plane", self.plane.stop)
         if self.image_server is not None:
@@ -1589,6 +1537,18 @@ class Demo:
             self.ui.warn("clean-up incomplete: " + "; ".join(self.failures))
         return ok
 
+    async def _stop_nodes(self) -> bool:
+        if self.nodes is None:
+            return True
+        failed = await self.nodes.stop()
+        self.failures += failed
+        return not failed
+
+    async def _stop_capi(self) -> bool:
+        if self.capi is None:
+            return True
+        return await self._step_quietly("stopping the Cluster API manager", self.capi.stop)
+
     async def _step_quietly(self, what: str, work: Callable[[], Any]) -> bool:
         try:
             result = await work()
@@ -1612,6 +1572,9 @@ class Demo:
             "their domains, volumes and DHCP/DNS entries, then the network and the pool."
         )
         with self.ui.step("Deleting the demo cluster") as progress:
+            if self.nodes is not None:  # a paused Cluster is not deleted
+                with contextlib.suppress(NotFound):
+                    await self.nodes.resume(client)
             targets = [(machine_deployment(), name) for name in plan.deployments]
             if not plan.real_nodes:
                 targets.append((MACHINE, plan.control_plane_machine))

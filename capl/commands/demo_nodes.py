@@ -51,10 +51,10 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from capl.errors import EXIT_USAGE, CliError
 
@@ -70,12 +70,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NodeIndex",
+    "NodeParts",
     "NodeState",
     "RealNodes",
-    "check_assets",
     "find_node_bin",
     "find_node_image",
     "gateway",
+    "node_image_for",
     "node_objects",
     "row_node",
     "runs_here",
@@ -277,6 +278,9 @@ def extra_resources() -> dict[str, Resource]:
         "KubeadmConfigTemplate": Resource(
             _BOOTSTRAP_GROUP, "v1beta2", "KubeadmConfigTemplate", "kubeadmconfigtemplates"
         ),
+        "MachineDeployment": Resource(
+            _CAPI_GROUP, "v1beta2", "MachineDeployment", "machinedeployments"
+        ),
     }
 
 
@@ -286,6 +290,24 @@ def extra_resources() -> dict[str, Resource]:
 def _newest(candidates: Iterable[Path]) -> Path | None:
     found = sorted(candidates, key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
+
+
+def node_image_for(uri: str, *, image: str | None, node_image: str | None, cache: Path) -> Path:
+    """The node image for a demo of real nodes on ``uri``; usage errors for what cannot work
+    (a remote host, --image without --vm-only, no node image)."""
+    if not runs_here(uri):
+        raise CliError(
+            f"real nodes need {uri} to be this machine (their control plane runs here, on the "
+            "cluster network's host address): pass --vm-only",
+            code=EXIT_USAGE,
+        )
+    if image is not None:
+        raise CliError(
+            "--image is the base image of the VM-only mode: add --vm-only (real nodes boot the "
+            "node image, --node-image)",
+            code=EXIT_USAGE,
+        )
+    return find_node_image(node_image, cache=cache)
 
 
 def find_node_image(explicit: str | None, *, cache: Path) -> Path:
@@ -322,17 +344,39 @@ def find_node_bin(*, cache: Path) -> Path:
     return found
 
 
-def check_assets(*, node_bin: Path, envtest: Path, capi: CapiAssets) -> None:
-    """Fail before anything starts when a binary of the real-node mode is missing."""
-    from capl.testbed.capi import CapiMissing
-    from capl.testbed.hostedcp import HostedControlPlaneError, find_node_assets
-    from capl.testbed.kubeadm_providers import require_kubeadm_providers
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeParts:
+    """What real nodes need on this machine, found before anything starts."""
 
-    try:
-        find_node_assets(node_bin, envtest)
-        require_kubeadm_providers(capi)
-    except (HostedControlPlaneError, CapiMissing) as exc:
-        raise CliError(f"{exc} (`make demo` builds everything), or run with --vm-only") from None
+    image: Path
+    node_bin: Path
+    envtest: Path
+    capi: CapiAssets
+
+    @classmethod
+    def find(cls, *, image: Path, envtest: Path, capi: CapiAssets, cache: Path) -> NodeParts:
+        """The parts; CliError when a binary is missing (the node binaries, the kubeadm
+        bootstrap provider's build)."""
+        from capl.testbed.capi import CapiMissing
+        from capl.testbed.hostedcp import HostedControlPlaneError, find_node_assets
+        from capl.testbed.kubeadm_providers import require_kubeadm_providers
+
+        node_bin = find_node_bin(cache=cache)
+        try:
+            find_node_assets(node_bin, envtest)
+            require_kubeadm_providers(capi)
+        except (HostedControlPlaneError, CapiMissing) as exc:
+            raise CliError(f"{exc} (`make demo` builds everything), or use --vm-only") from None
+        return cls(image=image, node_bin=node_bin, envtest=envtest, capi=capi)
+
+    async def plan_values(self) -> dict[str, Any]:
+        """The DemoPlan fields of real nodes."""
+        return {
+            "real_nodes": True,
+            "image_path": str(self.image),
+            "cpus": WORKER_CPUS,
+            "kubernetes_version": await kubeadm_version(self.node_bin / "bin" / "kubeadm"),
+        }
 
 
 async def kubeadm_version(kubeadm: Path) -> str:
@@ -426,26 +470,29 @@ def row_node(view: MachineView, nodes: NodeIndex, *, machine_detail: str) -> tup
 # --- the lifecycle -------------------------------------------------------------------------------
 
 
+class Steps(Protocol):
+    """The demo's output (capl.commands.demo.Ui): a step with its duration, a line."""
+
+    def step(self, text: str) -> contextlib.AbstractContextManager[Callable[[str], None]]: ...
+
+    def say(self, text: str = "") -> None: ...
+
+
+Run = Callable[[Awaitable[Any]], Awaitable[Any]]
+"""The demo's way to run a step: cancelled (and Interrupted raised) on Ctrl-C."""
+
+
 class RealNodes:
     """The kubeadm bootstrap provider and the hosted control plane of one demo, the workload
     client and kubeconfig file; see the module docstring."""
 
     def __init__(
-        self,
-        *,
-        plan: DemoPlan,
-        workdir: Path,
-        node_bin: Path,
-        envtest: Path,
-        plane: ControlPlane,
-        capi: CapiAssets,
+        self, *, plan: DemoPlan, workdir: Path, parts: NodeParts, plane: ControlPlane
     ) -> None:
         self.plan = plan
         self.workdir = workdir
-        self.node_bin = node_bin
-        self.envtest = envtest
+        self.parts = parts
         self.plane = plane
-        self.capi = capi
         self.bootstrap: KubeadmBootstrap | None = None
         self.control_plane: HostedControlPlane | None = None
         self.workload: KubeClient | None = None
@@ -460,15 +507,96 @@ class RealNodes:
     def endpoint(self) -> str:
         return f"{gateway(self.plan.cidr)}:{API_PORT}"
 
-    async def start_bootstrap_provider(self) -> None:
+    async def start_bootstrap_provider(self, ui: Steps, *, run: Run) -> None:
         from capl.testbed.kubeadm_providers import KubeadmBootstrap
 
-        self.bootstrap = KubeadmBootstrap(plane=self.plane, capi=self.capi)
-        await self.bootstrap.start()
-        if self.bootstrap.process is not None and self.bootstrap.process.pid is not None:
-            self.pids[self.bootstrap.process.name] = self.bootstrap.process.pid
+        capi = self.parts.capi
+        self.bootstrap = KubeadmBootstrap(plane=self.plane, capi=capi)
+        try:
+            with ui.step(
+                f"Starting the Cluster API kubeadm bootstrap provider {capi.version} (Ignition on)"
+            ):
+                await run(self.bootstrap.start())
+        finally:
+            if self.bootstrap.process is not None and self.bootstrap.process.pid is not None:
+                self.pids[self.bootstrap.process.name] = self.bootstrap.process.pid
 
-    async def wait_for_network(
+    async def create(self, client: KubeClient, ui: Steps, *, run: Run) -> None:
+        """The cluster, its control plane on this machine, then the workers.
+
+        Cluster API connects to a workload cluster as soon as the Cluster's infrastructure is
+        provisioned and, when that fails, tries again only 30 s later (the ClusterCache's
+        ConnectionCreationRetryInterval, not a flag); a MachineSet whose control plane is not
+        up yet holds its scale-up for 15 s. This control plane can only start once capl has
+        made the network, which is when the infrastructure becomes provisioned. So the Cluster
+        is created paused (the `cluster.x-k8s.io/paused` annotation: Cluster API's Cluster
+        controller stops; capl honours `spec.paused` and its own objects' annotation, so it
+        makes the network) and the LibvirtCluster gets its owner reference here (what the
+        paused controller would do). Once the control plane is published the Cluster is
+        resumed and the MachineDeployments created: Cluster API's first connection succeeds
+        and the MachineSets scale up at once — about 30 s sooner than all at once.
+        """
+        ignition, cloud_config = split_workers(self.plan.machines)
+        with ui.step(
+            f"Creating the demo cluster {self.plan.name!r} on {self.plan.uri} (isolated network "
+            f"{self.plan.cidr}; paused for Cluster API until its control plane runs)"
+        ):
+            await run(self._create_cluster(client))
+        with ui.step("Waiting for capl to create the cluster network") as progress:
+            await run(self._wait_for_network(client, progress=progress))
+        with ui.step(
+            f"Starting the workload cluster's control plane on {self.endpoint} (etcd, "
+            "kube-apiserver, kube-controller-manager, kube-scheduler on this machine)"
+        ):
+            await run(self._start_hosted())
+        with ui.step(
+            "Publishing it to Cluster API (Secrets <cluster>-ca and <cluster>-kubeconfig, "
+            "TestbedControlPlane status) and resuming the Cluster"
+        ):
+            await run(self._publish(client))
+        with ui.step(
+            f"Creating the workers: {ignition} with Ignition ({self.plan.md_ignition}), "
+            f"{cloud_config} with cloud-config ({self.plan.md_cloud_config})"
+        ):
+            await run(self._create_objects(client, self._workers()))
+        ui.say("processes: " + ", ".join(self.workload_processes()))
+        ui.say(f"workload kubeconfig: {self.kubeconfig}")
+
+    def _objects(self, kinds: Iterable[str], *, include: bool) -> list[dict[str, Any]]:
+        wanted = set(kinds)
+        return [o for o in node_objects(self.plan) if (o["kind"] in wanted) is include]
+
+    def _workers(self) -> list[dict[str, Any]]:
+        return self._objects(_CLUSTER_KINDS, include=False)
+
+    async def _create_objects(self, client: KubeClient, objects: Iterable[dict[str, Any]]) -> None:
+        for obj in objects:
+            await client.resource(_resource_of(obj)).create(obj)
+
+    async def _create_cluster(self, client: KubeClient) -> None:
+        from capl.runtime.resources import CLUSTER
+
+        objects = {o["kind"]: o for o in self._objects(_CLUSTER_KINDS, include=True)}
+        cluster = objects["Cluster"]
+        cluster["metadata"].setdefault("annotations", {})[PAUSED_ANNOTATION] = ""
+        await self._create_objects(client, [objects["TestbedControlPlane"]])
+        created = await client.resource(CLUSTER).create(cluster)
+        lc = objects["LibvirtCluster"]
+        lc["metadata"]["ownerReferences"] = [_owner(created)]
+        await self._create_objects(client, [lc])
+
+    async def resume(self, client: KubeClient) -> None:
+        """Remove the Cluster's paused annotation (also before deleting it: a paused Cluster
+        is not deleted by Cluster API)."""
+        from capl.runtime.objects import ObjectKey
+        from capl.runtime.resources import CLUSTER
+
+        await client.resource(CLUSTER).patch(
+            ObjectKey(self.plan.namespace, self.plan.name),
+            {"metadata": {"annotations": {PAUSED_ANNOTATION: None}}},
+        )
+
+    async def _wait_for_network(
         self, client: KubeClient, *, progress: Callable[[str], None], poll: float = 1.0
     ) -> None:
         """Until capl reports NetworkReady on the LibvirtCluster: the host address exists."""
@@ -494,10 +622,10 @@ class RealNodes:
                 )
             await asyncio.sleep(poll)
 
-    async def start_control_plane(self) -> None:
+    async def _start_hosted(self) -> None:
         from capl.testbed.hostedcp import HostedControlPlane, find_node_assets
 
-        assets = find_node_assets(self.node_bin, self.envtest)
+        assets = find_node_assets(self.parts.node_bin, self.parts.envtest)
         self.control_plane = HostedControlPlane(
             cluster=self.plan.name,
             address=gateway(self.plan.cidr),
@@ -516,7 +644,7 @@ class RealNodes:
                 if proc.pid is not None:
                     self.pids[f"workload-{name}"] = proc.pid
 
-    async def publish(self, client: KubeClient) -> None:
+    async def _publish(self, client: KubeClient) -> None:
         """The `<cluster>-ca` and `<cluster>-kubeconfig` Secrets (owned by the Cluster) and
         the TestbedControlPlane's status; then the workload client and kubeconfig file."""
         from capl.kube.client import KubeClient
@@ -526,19 +654,14 @@ class RealNodes:
         assert self.control_plane is not None
         ns = self.plan.namespace
         cluster = await client.resource(CLUSTER).get(ObjectKey(ns, self.plan.name))
-        owner = {
-            "apiVersion": cluster["apiVersion"],
-            "kind": "Cluster",
-            "name": self.plan.name,
-            "uid": cluster["metadata"]["uid"],
-        }
         for secret in self.control_plane.management_objects(ns):
-            secret["metadata"]["ownerReferences"] = [owner]
+            secret["metadata"]["ownerReferences"] = [_owner(cluster)]
             await client.resource(SECRET).create(secret)
         await client.resource(extra_resources()["TestbedControlPlane"]).patch_status(
             ObjectKey(ns, self.plan.control_plane),
             {"status": self.control_plane.control_plane_status()},
         )
+        await self.resume(client)
         shutil.copyfile(self.control_plane.admin_kubeconfig, self.kubeconfig)
         self.kubeconfig.chmod(0o600)
         self.workload = await KubeClient.connect(
@@ -581,26 +704,52 @@ class RealNodes:
         return [p for p in self.processes() if p.startswith("workload-")]
 
     async def stop(self) -> list[str]:
-        """Stop everything started here; what failed (never raises)."""
-        failures = []
+        """Stop everything started here, side by side; what failed (never raises)."""
         if self.workload is not None:
             with contextlib.suppress(Exception):
                 await self.workload.close()
             self.workload = None
+
+        async def stop(what: str, work: Awaitable[Any]) -> str | None:
+            try:
+                await work
+            except Exception as exc:
+                return f"stopping {what}: {exc}"
+            return None
+
+        stops = []
         if self.bootstrap is not None:
-            try:
-                await self.bootstrap.stop()
-            except Exception as exc:
-                failures.append(f"stopping the kubeadm bootstrap provider: {exc}")
+            stops.append(stop("the kubeadm bootstrap provider", self.bootstrap.stop()))
         if self.control_plane is not None:
-            try:
-                # A short grace: its cluster is gone, and so is the address it listens on
-                # (capl removed the network), which kube-apiserver's own shutdown would wait
-                # for until killed.
-                await self.control_plane.stop(grace=2.0)
-            except Exception as exc:
-                failures.append(f"stopping the workload control plane: {exc}")
-        return failures
+            # A short grace: its cluster is gone, and so is the address it listens on (capl
+            # removed the network), which kube-apiserver's own shutdown waits for until killed.
+            stops.append(stop("the workload control plane", self.control_plane.stop(grace=2.0)))
+        results = await asyncio.gather(*stops)
+        return [r for r in results if r is not None]
+
+
+_CLUSTER_KINDS: Final = ("TestbedControlPlane", "Cluster", "LibvirtCluster")
+"""Created first (see `RealNodes.create`); the templates and MachineDeployments follow."""
+PAUSED_ANNOTATION: Final = "cluster.x-k8s.io/paused"
+
+
+def _owner(cluster: Mapping[str, Any]) -> dict[str, Any]:
+    """An owner reference to the Cluster, as Cluster API's controllers set it."""
+    return {
+        "apiVersion": cluster["apiVersion"],
+        "kind": "Cluster",
+        "name": cluster["metadata"]["name"],
+        "uid": cluster["metadata"]["uid"],
+    }
+
+
+def _resource_of(obj: Mapping[str, Any]) -> Resource:
+    from capl.runtime.resources import lookup
+
+    if obj["kind"] in extra_resources():
+        return extra_resources()[obj["kind"]]
+    found: Resource = lookup(str(obj["kind"]), group=str(obj["apiVersion"]).split("/", 1)[0])
+    return found
 
 
 def _condition_text(obj: Mapping[str, Any], type_: str) -> str:

@@ -385,3 +385,25 @@ def test_next_steps_start_with_the_workload_cluster() -> None:
     assert any("run hello --image capl.local/busybox:1" in c for c in commands)
     assert any("scale machinedeployment demo-md-cloud-config --replicas 2" in c for c in commands)
     assert any(c.startswith("capl console demo-md-ignition-abc-def --kubeconfig") for c in commands)
+
+
+def test_the_cluster_comes_first_and_the_workers_once_its_control_plane_runs(
+    tmp_path: Path,
+) -> None:
+    nodes = demo_nodes.RealNodes(
+        plan=plan(),
+        workdir=tmp_path,
+        parts=None,
+        plane=None,  # type: ignore[arg-type]
+    )
+    first = nodes._objects(demo_nodes._CLUSTER_KINDS, include=True)
+    assert sorted(o["kind"] for o in first) == ["Cluster", "LibvirtCluster", "TestbedControlPlane"]
+    workers = nodes._workers()
+    assert [o["kind"] for o in workers] == [
+        "LibvirtMachineTemplate",
+        "KubeadmConfigTemplate",
+        "KubeadmConfigTemplate",
+        "MachineDeployment",
+        "MachineDeployment",
+    ]
+    assert len(first) + len(workers) == len(demo_objects(plan()))
