@@ -31,9 +31,9 @@ export CAPL_CAPI_DIR
 step "libvirtd and virtlogd (make libvirt-host)" hack/libvirt-host.sh >/dev/null
 CAPL_GUEST_IMAGE="$(step "the test guest image (make guest-image)" hack/guest-image.sh)"
 export CAPL_GUEST_IMAGE
-CAPL_NODE_BIN="$(step "node binaries (make node-bin; a cold build takes ~2 min after make envtest)" hack/node-bin.sh)"
+CAPL_NODE_BIN="$(step "node binaries (make node-bin; a cold build takes ~4.5 min after make envtest)" hack/node-bin.sh)"
 export CAPL_NODE_BIN
-CAPL_NODE_IMAGE="$(step "the node image (make node-image; a cold build takes ~3 min)" hack/node-image.sh)"
+CAPL_NODE_IMAGE="$(step "the node image (make node-image; a cold build takes ~2.5 min)" hack/node-image.sh)"
 export CAPL_NODE_IMAGE
 note "set-up: $((SECONDS - t0)) s; starting the demo"
 

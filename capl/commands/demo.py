@@ -1337,7 +1337,9 @@ class Demo:
             webhook_port=0,
             log_level=self.options.log_level,
             log_format="json",
-            machine=MachineOptions(shutdown_timeout=20.0, shutdown_poll=1.0, address_poll=1.0),
+            machine=MachineOptions(
+                shutdown_timeout=20.0, shutdown_poll=1.0, address_poll=1.0, node_poll=2.0
+            ),
             cluster=LibvirtClusterOptions(health_interval=30.0, unreachable_retry=10.0),
         )
         self.client = await KubeClient.connect(kubeconfig, user_agent="capl-demo")

@@ -456,15 +456,18 @@ class NodeIndex:
 
 
 def row_node(view: MachineView, nodes: NodeIndex, *, machine_detail: str) -> tuple[str, bool, str]:
-    """(NODE column, Node Ready, WAITING FOR) of one machine in the real-node view."""
+    """(NODE column, done, WAITING FOR) of one machine in the real-node view: done when its
+    Node is Ready and is the Machine's nodeRef."""
     node = nodes.find(view)
     if node is None:
         if view.ready != "True" or machine_detail:
             return "-", False, machine_detail or "waiting for its LibvirtMachine"
         return "-", False, "kubeadm join: no Node yet"
-    if node.ready:
-        return node.text, True, ""
-    return node.text, False, node.detail
+    if not node.ready:
+        return node.text, False, node.detail
+    if view.node != node.name:  # done only when Cluster API linked them (what users see)
+        return node.text, False, "the Machine's nodeRef (capl sets the Node's providerID)"
+    return node.text, True, ""
 
 
 # --- the lifecycle -------------------------------------------------------------------------------

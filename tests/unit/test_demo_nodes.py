@@ -285,13 +285,30 @@ def _node(name: str, *, ready: str, provider_id: str = "", **condition: str) -> 
     }
 
 
-def _report(*machines: dict[str, Any]) -> Any:
+def _machine(name: str, *, node_ref: str | None) -> dict[str, Any]:
+    """The Cluster API Machine of LibvirtMachine ``name`` (with its nodeRef, if linked)."""
+    return {
+        "kind": "Machine",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "clusterName": "demo",
+            "infrastructureRef": {"kind": "LibvirtMachine", "name": name},
+        },
+        "status": {"nodeRef": {"name": node_ref}} if node_ref else {},
+    }
+
+
+def _report(*machines: dict[str, Any], node_refs: dict[str, str] | None = None) -> Any:
+    refs = node_refs or {}
     return build_report(
         namespace="default",
         libvirt_clusters=[],
         libvirt_machines=list(machines),
         clusters=[],
-        machines=[],
+        machines=[
+            _machine(m["metadata"]["name"], node_ref=refs.get(m["metadata"]["name"]))
+            for m in machines
+        ],
     )
 
 
@@ -306,6 +323,7 @@ def test_rows_show_each_machines_node_and_only_ready_nodes_count() -> None:
         _lm("b", ready="True", provider_id="libvirt:///2"),
         _lm("c", ready="True", provider_id="libvirt:///3", conditions=[waiting]),
         _lm("d", ready="False", provider_id="libvirt:///4"),
+        node_refs={"a": "a", "b": "node-b"},
     )
     nodes = NodeIndex(
         [
@@ -333,6 +351,18 @@ def test_rows_show_each_machines_node_and_only_ready_nodes_count() -> None:
     # the elapsed time stops when the Node became Ready, not the machine
     later = {r.name: r for r in tracker.update(report, now=T0 + 30, nodes=nodes)}
     assert (later["a"].elapsed, later["b"].elapsed) == (9.0, 30.0)
+
+
+def test_a_ready_node_counts_once_cluster_api_linked_it_to_its_machine() -> None:
+    lm = _lm("a", ready="True", provider_id="libvirt:///1")
+    nodes = NodeIndex([_node("a", ready="True")])  # capl has not set its providerID yet
+    tracker = Tracker(cluster="demo", expected=1, nodes=True)
+    (row,) = tracker.update(_report(lm), now=T0, nodes=nodes)
+    assert (row.node, row.node_ready) == ("a Ready", False)
+    assert "nodeRef" in row.detail
+    (row,) = tracker.update(_report(lm, node_refs={"a": "a"}), now=T0 + 3, nodes=nodes)
+    assert (row.node_ready, row.detail) == (True, "")
+    assert tracker.all_ready
 
 
 def test_a_ready_machine_without_a_node_waits_for_kubeadm_join() -> None:
