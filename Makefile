@@ -73,6 +73,10 @@ release-manifests: venv ## write the clusterctl local repository under out/
 test: venv lint ## set everything up, then run every test
 	@hack/test.sh
 
+.PHONY: demo-e2e
+demo-e2e: venv ## the default (real-node) capl demo end to end, as make demo runs it (not in make test)
+	@CAPL_TEST_STAGES=demo hack/test.sh
+
 .PHONY: demo
 demo: venv ## run a 3-machine demo cluster on the local libvirtd
 	@hack/demo.sh

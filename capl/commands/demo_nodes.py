@@ -15,8 +15,9 @@ and the demo wires in:
    processes, made with kubeadm's own phases), started as soon as capl has created the
    cluster network, with kube-apiserver bound to the network's host address (the first
    address of its CIDR, port 6443) — the `controlPlaneEndpoint` of the Cluster and the
-   LibvirtCluster. Why not a control-plane Machine: `kubeadm init` in a TCG guest takes
-   minutes on a 2-core machine (`make e2e-kcp` measures it), which is too slow for a demo;
+   LibvirtCluster. Why not a control-plane Machine: `kubeadm init` in a TCG guest adds etcd
+   and three control-plane components to a boot that alone takes over a minute on a 2-core
+   machine (not measured as a whole yet), too slow for a demo;
    the workers are real either way. It is published to Cluster API the way tests/nodes/bed.py
    does it: the `<cluster>-ca` and `<cluster>-kubeconfig` Secrets (owned by the Cluster) and
    the status of the Cluster's `TestbedControlPlane` (the test bed's stand-in kind, whose

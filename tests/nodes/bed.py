@@ -17,7 +17,6 @@ without SSH would.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import ipaddress
@@ -25,13 +24,12 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import libvirt
 import libvirt_qemu  # type: ignore[import-untyped]
-import yaml
 
 from capl.kube import KubeClient
 from capl.ports.naming import machine_names
@@ -43,7 +41,6 @@ from capl.runtime.resources import (
     LIBVIRT_MACHINE,
     MACHINE,
     NODE,
-    Resource,
 )
 from capl.testbed import hostedcp
 from capl.testbed.hostedcp import HostedControlPlane
@@ -53,7 +50,6 @@ from tests.fixtures.common import eventually
 KUBERNETES_VERSION = "v1.35.4"
 FLAVOR = "offline"
 NODE_IMAGE_ENV = "CAPL_NODE_IMAGE"
-TESTBED_CP = Resource(hostedcp.CP_GROUP, hostedcp.CP_VERSION, hostedcp.CP_KIND, hostedcp.CP_PLURAL)
 
 
 def node_ready(node: Mapping[str, Any]) -> bool:
@@ -74,7 +70,6 @@ class RealCluster:
     workload: KubeClient | None = None
     network: str = ""
     pool: str = ""
-    created_at: float = field(default_factory=time.monotonic)
 
     @property
     def api(self) -> KubeClient:
@@ -297,14 +292,6 @@ async def delete_real_cluster(real: RealCluster, *, within: float = 300.0) -> fl
     return time.monotonic() - t0
 
 
-def dump(obj: Any) -> str:
-    return yaml.safe_dump(obj, sort_keys=False)[:4000]
-
-
 def env_path(name: str) -> Path | None:
     value = os.environ.get(name)
     return Path(value) if value else None
-
-
-async def to_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    return await asyncio.to_thread(fn, *args, **kwargs)
