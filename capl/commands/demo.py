@@ -463,7 +463,7 @@ def _condition_detail(report: StatusReport, kind: str, name: str) -> str:
 
 class Tracker:
     """Turns status reports into rows; remembers when each machine was first seen Ready
-    (with ``nodes``: when its Node was first seen Ready, which is what counts then)."""
+    (with ``nodes``: when it was first seen with a Ready Node, which is what counts then)."""
 
     def __init__(self, *, cluster: str, expected: int, nodes: bool = False) -> None:
         self.cluster = cluster

@@ -28,9 +28,12 @@ and the demo wires in:
    imported by capl from its path on the host), the KubeadmConfigTemplates `<name>-md-ignition`
    (format ignition) and `<name>-md-cloud-config` (format cloud-config), and one
    MachineDeployment for each, so the worker pool mixes Ignition and cloud-config nodes.
+   They are created in two steps (`RealNodes.create`): the Cluster (paused), its
+   TestbedControlPlane and LibvirtCluster first; the templates and MachineDeployments once
+   the control plane runs and the Cluster is resumed.
 4. The **Node watch** for the live view (`NodeIndex`): the workload cluster's Nodes, read
    with the workload kubeconfig, matched to each machine by its nodeRef, providerID or name.
-   A machine is done when its Node is Ready.
+   A machine is done when its Node is Ready and is its Machine's nodeRef.
 5. The **workload kubeconfig** at `<work directory>/workload.kubeconfig` (a system:masters
    client, like the `<cluster>-kubeconfig` Secret), for `kubectl get nodes`.
 
