@@ -187,7 +187,7 @@ preload_images >>"$LOG" 2>&1 || { tail -n 30 "$LOG" >&2; die "preloading the con
 # no static hostname (the DHCP host name capl reserves is the node name), first boot state:
 # an uninitialized machine-id makes systemd apply presets once, which is how legacy Ignition
 # enables units (it writes a preset file, not symlinks).
-chroot "$ROOT" systemctl enable containerd.service kubelet.service capl-ignition-report.service \
+chroot "$ROOT" systemctl enable containerd.service capl-cri-ready.service kubelet.service capl-ignition-report.service \
 	systemd-networkd.service systemd-networkd-wait-online.service systemd-resolved.service >>"$LOG" 2>&1
 chroot "$ROOT" systemctl mask serial-getty@ttyS0.service >>"$LOG" 2>&1
 rm -f "$ROOT/etc/hostname"
