@@ -95,6 +95,9 @@ class LocalManager:
         self.metrics_port = 0
         self.starts = 0
         """How often the process was started (a restart or a lost port counts)."""
+        self.resolv_conf: Path | None = None
+        """When set (before `launch`), the process resolves names through this file instead
+        of /etc/resolv.conf (`capl.testbed.process.own_resolver`)."""
         self._serving: WebhookServing | None = None
         self._process: ManagedProcess | None = None
 
@@ -203,6 +206,7 @@ class LocalManager:
             log_path=self.log_path,
             env=self.child_env(),
             cwd=self.cwd,
+            resolv_conf=self.resolv_conf,
         )
         self._process = process
         process.start()

@@ -89,6 +89,42 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(126)
 
 
+_CLONE_NEWNS = 0x00020000
+_MS_BIND = 0x1000
+_MS_REC = 0x4000
+_MS_PRIVATE = 1 << 18
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.mount.argtypes = [
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_ulong,
+    ctypes.c_void_p,
+]
+
+
+def own_resolver(resolv_conf: bytes) -> None:
+    """`preexec_fn` step: a mount namespace of the child's own in which `resolv_conf` is
+    bind-mounted over /etc/resolv.conf (the machine's file and every other process are
+    untouched; the namespace ends with the child). Needs root (CAP_SYS_ADMIN).
+
+    For managers that must resolve a workload cluster's endpoint the way a management cluster
+    with split DNS would, through a libvirt network's dnsmasq. Runs between fork and exec.
+    """
+    if _libc.unshare(_CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) for a resolver of its own")
+    if _libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "making / private in the child's mount namespace")
+    if _libc.mount(resolv_conf, b"/etc/resolv.conf", None, _MS_BIND, None) != 0:
+        raise OSError(ctypes.get_errno(), "bind-mounting the child's resolv.conf")
+
+
+def _child_setup(parent_pid: int, resolv_conf: bytes | None) -> None:
+    die_with_parent(parent_pid)
+    if resolv_conf is not None:
+        own_resolver(resolv_conf)
+
+
 def tail(path: Path, *, lines: int = 40, max_bytes: int = 64 * 1024) -> str:
     """The last `lines` lines of a (log) file; empty if it does not exist."""
     try:
@@ -135,12 +171,15 @@ class ManagedProcess:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        resolv_conf: Path | None = None,
     ) -> None:
+        """resolv_conf: the child sees this file as /etc/resolv.conf (`own_resolver`)."""
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
+        self.resolv_conf = resolv_conf
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __repr__(self) -> str:
@@ -170,6 +209,7 @@ class ManagedProcess:
         if self.running:
             raise ProcessFailed(f"{self.name} is already running (pid {self.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        resolver = None if self.resolv_conf is None else os.fsencode(self.resolv_conf.resolve())
         with self.log_path.open("ab") as logfile:
             logfile.write(f"==> {time.strftime('%H:%M:%S')} starting {self.name}\n".encode())
             logfile.flush()
@@ -182,10 +222,10 @@ class ManagedProcess:
                     env=self.env,
                     cwd=self.cwd,
                     start_new_session=True,
-                    preexec_fn=functools.partial(die_with_parent, os.getpid()),
+                    preexec_fn=functools.partial(_child_setup, os.getpid(), resolver),
                     close_fds=True,
                 )
-            except OSError as e:
+            except (OSError, subprocess.SubprocessError) as e:
                 raise ProcessFailed(f"cannot start {self.name} ({self.argv[0]}): {e}") from e
         with self._live_lock:
             self._live.add(self)

@@ -420,10 +420,12 @@ async def start_management(
     capl_factory: CaplManagerFactory,
     workdir: Path,
     capl_args: Sequence[str] = CAPL_E2E_ARGS,
+    resolv_conf: Path | None = None,
 ) -> Management:
     """Control plane + `clusterctl init --infrastructure libvirt` + the Cluster API core
     manager + `capl manager` with its webhooks, all ready. Wall times in `.timings` and in
-    the terminal summary."""
+    the terminal summary. resolv_conf: the core manager's resolver (it connects to workload
+    clusters by their endpoint's name)."""
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     plane = await plane_factory()  # stopped by the factory
@@ -434,6 +436,7 @@ async def start_management(
     await clusterctl.init(plane)
     t2 = time.monotonic()
     core = CapiCore(plane=plane, capi=capi, workdir=workdir / "capi-core")
+    core.resolv_conf = resolv_conf
     try:
         await core.start()
         t3 = time.monotonic()

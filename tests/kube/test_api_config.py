@@ -295,6 +295,7 @@ def release_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_release_repository_layout(release_dir: Path) -> None:
     assert sorted(p.name for p in release_dir.iterdir()) == [
         "cluster-template-cloudinit.yaml",
+        "cluster-template-offline-kcp.yaml",
         "cluster-template-offline.yaml",
         "cluster-template-testbed.yaml",
         "cluster-template.yaml",

@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import libvirt
 import libvirt_qemu  # type: ignore[import-untyped]
@@ -274,7 +274,17 @@ async def publish_control_plane(real: RealCluster) -> None:
     )  # fmt: skip
 
 
-async def delete_real_cluster(real: RealCluster, *, within: float = 300.0) -> float:
+class ClusterRef(Protocol):
+    """A workload cluster as `delete_real_cluster` needs it (RealCluster, the kcp stage's)."""
+
+    @property
+    def api(self) -> KubeClient: ...
+
+    namespace: str
+    name: str
+
+
+async def delete_real_cluster(real: ClusterRef, *, within: float = 300.0) -> float:
     """Delete the Cluster and wait until it is gone (the control plane keeps running: Cluster
     API drains the nodes through it); seconds taken."""
     t0 = time.monotonic()

@@ -53,6 +53,25 @@ def test_output_goes_to_the_log_and_survives_restarts(tmp_path: Path) -> None:
     proc.stop_sync()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace needs root")
+def test_a_child_can_have_a_resolver_of_its_own(tmp_path: Path) -> None:
+    """The child reads its own resolv.conf; this process (and so the machine) still reads
+    the real one."""
+    mine = tmp_path / "resolv.conf"
+    mine.write_text("nameserver 192.0.2.53\n")
+    before = Path("/etc/resolv.conf").read_bytes()
+    log = tmp_path / "resolver.log"
+    proc = ManagedProcess(
+        name="resolver", argv=["cat", "/etc/resolv.conf"], log_path=log, resolv_conf=mine
+    )
+    proc.start()
+    wait_until(lambda: not proc.running, "the process to exit")
+    assert proc.returncode == 0
+    assert "nameserver 192.0.2.53" in tail(log)
+    assert Path("/etc/resolv.conf").read_bytes() == before
+    proc.stop_sync()
+
+
 def test_tail_of_a_missing_file_is_empty(tmp_path: Path) -> None:
     assert tail(tmp_path / "absent.log") == ""
 
