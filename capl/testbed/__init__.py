@@ -15,7 +15,12 @@ Public face:
 - `capl.testbed.localmanager`: a controller manager as a local process serving webhooks,
   health and metrics on loopback (the base of `capl.testbed.capi.CapiCore` and of the
   tests' `capl manager` process).
-- `capl.testbed.capi`: the real Cluster API core manager and clusterctl.
+- `capl.testbed.capi`: the real Cluster API core manager (`ProviderManager`, the base the
+  kubeadm managers of `capl.testbed.kubeadm_providers` share); `capl.testbed.capibuild` the
+  build it runs (`make capi`), `capl.testbed.manifests` the provider manifests re-pointed at
+  loopback webhooks, `capl.testbed.clusterctl` clusterctl with local repositories.
+- `capl.testbed.hostedcp`: a workload control plane as host processes (kubeadm's phases).
+- `capl.testbed.process.own_resolver`: a child process with a resolv.conf of its own.
 """
 
 from capl.testbed.controlplane import (

@@ -113,7 +113,8 @@ from capl.runtime.resources import (
     Resource,
 )
 from capl.testbed import ControlPlane
-from capl.testbed.capi import CapiAssets, CapiCore, Clusterctl, LocalProvider
+from capl.testbed.capi import CapiAssets, CapiCore
+from capl.testbed.clusterctl import Clusterctl, LocalProvider
 from tests.fixtures.capi import new_clusterctl, record_timing
 from tests.fixtures.capl import CaplManager, CaplManagerFactory
 from tests.fixtures.common import eventually

@@ -22,13 +22,9 @@ import pytest
 import yaml
 
 from capl.testbed import ControlPlane, hostedcp
-from capl.testbed.capi import (
-    CERT_MANAGER_TEST_NAMESPACE,
-    CapiAssets,
-    CapiCore,
-    Clusterctl,
-    LocalProvider,
-)
+from capl.testbed.capi import CapiAssets, CapiCore
+from capl.testbed.capibuild import CERT_MANAGER_TEST_NAMESPACE
+from capl.testbed.clusterctl import Clusterctl, LocalProvider
 from tests.fixtures.capi import (
     ControlPlaneFactory,
     capl_webhooks,

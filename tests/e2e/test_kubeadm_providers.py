@@ -50,9 +50,8 @@ from capl.testbed.capi import (
     KUBEADM_CONTROL_PLANE_COMPONENTS,
     CapiAssets,
     CapiCore,
-    Clusterctl,
-    LocalProvider,
 )
+from capl.testbed.clusterctl import Clusterctl, LocalProvider
 from capl.testbed.kubeadm_providers import (
     BOOTSTRAP_GROUP,
     CONTROL_PLANE_GROUP,

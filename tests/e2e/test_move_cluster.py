@@ -45,7 +45,8 @@ from capl.runtime.resources import (
     Resource,
 )
 from capl.testbed import ControlPlane
-from capl.testbed.capi import CapiAssets, LocalProvider
+from capl.testbed.capi import CapiAssets
+from capl.testbed.clusterctl import LocalProvider
 from tests.e2e.harness import (
     MACHINE_DEPLOYMENT,
     MACHINE_SET,

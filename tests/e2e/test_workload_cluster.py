@@ -45,7 +45,8 @@ from capl.runtime.resources import (
     MACHINE,
     NODE,
 )
-from capl.testbed.capi import CapiAssets, LocalProvider
+from capl.testbed.capi import CapiAssets
+from capl.testbed.clusterctl import LocalProvider
 from tests.e2e.harness import (
     CLONED_FROM_ANNOTATION,
     GUEST_MEMORY_MIB,

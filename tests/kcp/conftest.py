@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from capl.testbed.capi import CapiAssets, LocalProvider
+from capl.testbed.capi import CapiAssets
+from capl.testbed.clusterctl import LocalProvider
 from capl.testbed.kubeadm_providers import KubeadmProviders
 from tests.e2e.harness import REPORT, LibvirtView, report, start_management
 from tests.fixtures.capi import ControlPlaneFactory

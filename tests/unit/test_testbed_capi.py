@@ -13,15 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from capl.testbed.capi import (
-    CapiMissing,
-    cert_manager_crds,
-    core_metadata,
-    find_local_provider,
-    loopback_client_config,
-    point_object_at,
-    provider_webhook_objects,
-)
+from capl.testbed.capi import CapiMissing, provider_webhook_objects
+from capl.testbed.clusterctl import core_metadata, find_local_provider
+from capl.testbed.manifests import cert_manager_crds, loopback_client_config, point_object_at
 
 BASE = "https://127.0.0.1:9443"
 CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\n").decode()

@@ -11,16 +11,16 @@ import pytest
 
 from capl.testbed import Assets, ControlPlane
 from capl.testbed.capi import (
-    CAPI_COMPONENTS,
     CORE_COMPONENTS,
     KUBEADM_BOOTSTRAP_COMPONENTS,
     KUBEADM_CONTROL_PLANE_COMPONENTS,
     CapiAssets,
     CapiCore,
     CapiMissing,
-    Clusterctl,
     ProviderManager,
 )
+from capl.testbed.capibuild import CAPI_COMPONENTS
+from capl.testbed.clusterctl import Clusterctl
 from capl.testbed.kubeadm_providers import (
     IGNITION_GATE,
     KubeadmBootstrap,
