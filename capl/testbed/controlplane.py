@@ -25,10 +25,9 @@ Design choices:
 - Readiness is decided by the processes themselves: etcd's `/health` and kube-apiserver's
   authenticated `/readyz`. Waits have deadlines; failures carry the process's log tail and,
   for kube-apiserver, the checks `/readyz?verbose` still reports as failing.
-- `compact()` drives etcd's own compaction through its gRPC gateway (JSON over HTTP), since
-  etcdctl is not part of the assets. kube-apiserver's watch cache keeps serving events from
-  memory after an etcd compaction; start with `watch_cache=False` when watches from old
-  resourceVersions must see 410 Gone deterministically (the test fixture does).
+- `compact()`: etcd's own compaction through its gRPC gateway (`capl.testbed.etcd`). The
+  binaries: `capl.testbed.assets`; the audit log: `capl.testbed.audit`; stale working
+  directories of killed runs: `capl.testbed.workdirs`.
 - Processes: see capl.testbed.process (own process group, PR_SET_PDEATHSIG, atexit).
 - This module never imports kubernetes_asyncio: it drives kubectl for CRDs and speaks
   plain HTTP(S) for health checks, which keeps it usable outside the adapter layers.
@@ -38,145 +37,60 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import base64
 import contextlib
-import json
 import logging
 import os
 import re
 import shutil
-import socket
 import ssl
 import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
 import yaml
 
-from capl.testbed import certs
+from capl.testbed import certs, etcd
+from capl.testbed.assets import (
+    ASSETS_ENV,
+    Assets,
+    AssetsMissing,
+    ControlPlaneError,
+    find_assets,
+    free_port,
+)
+from capl.testbed.audit import DEFAULT_AUDIT_POLICY, read_audit_events
 from capl.testbed.process import (
     ManagedProcess,
     ReadyCheck,
+    child_env,
     retry_lost_port,
     run_captured,
     wait_until_ready,
 )
+from capl.testbed.workdirs import OWNER_FILE, WORKDIR_PREFIX, process_identity, sweep_stale_workdirs
 
 log = logging.getLogger(__name__)
 
-ASSETS_ENV: Final = "KUBEBUILDER_ASSETS"
-ASSET_NAMES: Final = ("kube-apiserver", "etcd", "kubectl")
+__all__ = [
+    "ASSETS_ENV",
+    "Assets",
+    "AssetsMissing",
+    "ControlPlane",
+    "ControlPlaneError",
+    "find_assets",
+    "free_port",
+    "read_audit_events",
+]
+
 SERVICE_ACCOUNT_ISSUER: Final = "https://kubernetes.default.svc.cluster.local"
 ADMIN_USER: Final = "capl-testbed-admin"
 
 _POLL_INTERVAL = 0.1
-_WORKDIR_PREFIX = "capl-controlplane-"
-_OWNER_FILE = "owner"
-_DEFAULT_AUDIT_POLICY: Mapping[str, Any] = {
-    "apiVersion": "audit.k8s.io/v1",
-    "kind": "Policy",
-    "omitStages": ["RequestReceived"],
-    "rules": [{"level": "Metadata"}],
-}
-
-
-class ControlPlaneError(RuntimeError):
-    """The control plane could not be started, stopped or used."""
-
-
-class AssetsMissing(ControlPlaneError):
-    """The kube-apiserver/etcd/kubectl binaries are not where KUBEBUILDER_ASSETS says."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Assets:
-    """The three binaries, in the KUBEBUILDER_ASSETS layout."""
-
-    directory: Path
-    kube_apiserver: Path
-    etcd: Path
-    kubectl: Path
-
-
-def find_assets(directory: str | os.PathLike[str] | None = None) -> Assets:
-    """Locate the binaries in `directory`, else in $KUBEBUILDER_ASSETS."""
-    where = os.fspath(directory) if directory is not None else os.environ.get(ASSETS_ENV, "")
-    if not where:
-        raise AssetsMissing(
-            f"{ASSETS_ENV} is not set: run `make envtest` and set {ASSETS_ENV} to the "
-            "directory it prints last"
-        )
-    root = Path(where)
-    missing = [n for n in ASSET_NAMES if not os.access(root / n, os.X_OK)]
-    if missing:
-        raise AssetsMissing(
-            f"{', '.join(missing)} not found (or not executable) in {root} "
-            f"({ASSETS_ENV}): run `make envtest` to build "
-            f"{'it' if len(missing) == 1 else 'them'}"
-        )
-    return Assets(
-        directory=root,
-        kube_apiserver=root / "kube-apiserver",
-        etcd=root / "etcd",
-        kubectl=root / "kubectl",
-    )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (another process may still take it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def read_audit_events(path: Path, *, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """Parse the JSON-lines audit log from byte `offset`.
-
-    Returns the complete events and the offset just after the last complete line, to pass
-    back next time (a line still being written is left for the next read).
-    """
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return [], offset
-    end = data.rfind(b"\n") + 1
-    events = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
-    return events, offset + end
-
-
-def _process_identity(pid: int) -> str | None:
-    """`pid` plus its start time (tells a live process apart from a reused pid)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return f"{pid} {fields[19]}"  # field 22 of stat(5): starttime
-
-
-def _sweep_stale_workdirs() -> None:
-    """Remove temporary workdirs left by control planes whose process was killed.
-
-    A SIGKILLed test run cannot clean up; PR_SET_PDEATHSIG ends its etcd and kube-apiserver,
-    and the next run removes the directory (etcd preallocates ~100 MB in it).
-    """
-    for path in Path(tempfile.gettempdir()).glob(f"{_WORKDIR_PREFIX}*"):
-        try:
-            owner = (path / _OWNER_FILE).read_text().strip()
-        except OSError:
-            continue  # not ours, or still being created
-        pid = owner.split(" ", 1)[0]
-        if owner and pid.isdigit() and _process_identity(int(pid)) != owner:
-            log.info("removing stale control-plane directory %s", path)
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def _manifest_files(directory: Path) -> list[Path]:
@@ -184,14 +98,6 @@ def _manifest_files(directory: Path) -> list[Path]:
         return []
     suffixes = {".yaml", ".yml", ".json"}
     return sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in suffixes)
-
-
-def _child_env(*, drop_prefixes: Sequence[str] = ()) -> dict[str, str]:
-    return {
-        k: v
-        for k, v in os.environ.items()
-        if not any(k.startswith(p) for p in drop_prefixes) and k != "KUBECONFIG"
-    }
 
 
 class ControlPlane:
@@ -230,7 +136,7 @@ class ControlPlane:
         self._given_workdir = workdir
         self._workdir: Path | None = None
         self.audit_log = audit_log
-        self._audit_policy = audit_policy if audit_policy is not None else _DEFAULT_AUDIT_POLICY
+        self._audit_policy = audit_policy if audit_policy is not None else DEFAULT_AUDIT_POLICY
         self.watch_cache = watch_cache
         self.service_cluster_ip_range = service_cluster_ip_range
         self._extra_apiserver_args = list(extra_apiserver_args)
@@ -313,9 +219,9 @@ class ControlPlane:
             self._given_workdir.mkdir(parents=True, exist_ok=True)
             self._workdir = self._given_workdir
         else:
-            _sweep_stale_workdirs()
-            self._workdir = Path(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX))
-            (self._workdir / _OWNER_FILE).write_text(_process_identity(os.getpid()) or "")
+            sweep_stale_workdirs()
+            self._workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+            (self._workdir / OWNER_FILE).write_text(process_identity(os.getpid()) or "")
         with self._open_lock:
             self._open.add(self)
         (self.workdir / "logs").mkdir(exist_ok=True)
@@ -530,7 +436,7 @@ class ControlPlane:
             name="etcd",
             argv=self.etcd_argv(),
             log_path=self.etcd_log,
-            env=_child_env(drop_prefixes=("ETCD_",)),
+            env=child_env(drop_prefixes=("ETCD_",)),
         )
         self._etcd.start()
         await self._wait(self._etcd, self._etcd_healthy, what="etcd")
@@ -553,48 +459,16 @@ class ControlPlane:
             await self.wait_ready()
 
     async def _etcd_healthy(self) -> tuple[bool, str]:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session,
-            session.get(f"{self.etcd_url}/health") as resp,
-        ):
-            body = await resp.text()
-            if resp.status != 200:
-                return False, f"HTTP {resp.status}: {body.strip()}"
-            return json.loads(body).get("health") == "true", body.strip()
-
-    async def _etcd_call(self, path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
-            session.post(f"{self.etcd_url}{path}", json=payload) as resp,
-        ):
-            body: dict[str, Any] = await resp.json(content_type=None)
-            if resp.status != 200 or "error" in body or "code" in body:
-                raise ControlPlaneError(f"etcd {path} failed: HTTP {resp.status} {body}")
-            return body
+        return await etcd.health(self.etcd_url)
 
     async def current_revision(self) -> int:
         """etcd's current revision (the newest resourceVersion kube-apiserver handed out)."""
-        key = base64.b64encode(b"/capl-testbed/revision-probe").decode()
-        body = await self._etcd_call("/v3/kv/range", {"key": key, "count_only": True})
-        return int(body["header"]["revision"])
+        return await etcd.current_revision(self.etcd_url)
 
     async def compact(self) -> int:
-        """Compact etcd's history up to its current revision; returns that revision.
-
-        Afterwards, a watch (or a paginated list continuation) from any older resourceVersion
-        that reaches etcd fails with 410 Gone. Compacting twice with no write in between is a
-        no-op.
-        """
-        revision = await self.current_revision()
-        try:
-            await self._etcd_call(
-                "/v3/kv/compaction", {"revision": str(revision), "physical": True}
-            )
-        except ControlPlaneError as e:
-            if "required revision has been compacted" not in str(e):
-                raise
-        log.info("etcd compacted to revision %d", revision)
-        return revision
+        """Compact etcd's history up to its current revision; returns that revision
+        (`capl.testbed.etcd.compact`: older watches then fail with 410 Gone)."""
+        return await etcd.compact(self.etcd_url)
 
     # ---------------------------------------------------------------- kube-apiserver
 
@@ -607,7 +481,7 @@ class ControlPlane:
             name="kube-apiserver",
             argv=self.apiserver_argv(),
             log_path=self.apiserver_log,
-            env=_child_env(),
+            env=child_env(),
         )
         self._apiserver.start()
         await self.wait_ready()
@@ -673,7 +547,7 @@ class ControlPlane:
             f"--cache-dir={self.workdir / 'kubectl-cache'}",
             *args,
         ]
-        rc, out, err = await run_captured(argv, env=_child_env(), stdin=stdin, within=within)
+        rc, out, err = await run_captured(argv, env=child_env(), stdin=stdin, within=within)
         if rc != 0:
             raise ControlPlaneError(
                 f"kubectl {' '.join(args)} failed with status {rc}: {err.strip()}"

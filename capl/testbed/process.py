@@ -125,6 +125,16 @@ def _child_setup(parent_pid: int, resolv_conf: bytes | None) -> None:
         own_resolver(resolv_conf)
 
 
+def child_env(*, drop_prefixes: Sequence[str] = ()) -> dict[str, str]:
+    """This process's environment for a child: without KUBECONFIG and variables starting
+    with one of `drop_prefixes`."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not any(k.startswith(p) for p in drop_prefixes) and k != "KUBECONFIG"
+    }
+
+
 def tail(path: Path, *, lines: int = 40, max_bytes: int = 64 * 1024) -> str:
     """The last `lines` lines of a (log) file; empty if it does not exist."""
     try:
