@@ -42,7 +42,14 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from capl.commands.status import add_api_flags, api_failure, connect, default_namespace, formatter
+from capl.commands.shared import (
+    add_api_flags,
+    api_failure,
+    connect,
+    default_namespace,
+    formatter,
+    list_kind,
+)
 from capl.errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNREACHABLE, CliError
 
 if TYPE_CHECKING:
@@ -227,7 +234,7 @@ async def _via_machine(client: KubeClient, namespace: str, name: str) -> dict[st
 async def _libvirt_cluster(
     client: KubeClient, lm: Mapping[str, Any], host_name: str
 ) -> dict[str, Any]:
-    from capl.commands.status import CLUSTER_NAME_LABEL, list_kind
+    from capl.commands.status_report import CLUSTER_NAME_LABEL
     from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER
 
     namespace = str(lm["metadata"]["namespace"])

@@ -35,7 +35,7 @@ What it runs, all owned by this one process:
 Then a **live view** (``rich.Live`` on a terminal; a line per change otherwise) of the
 machines with host, domain state, address, Ready, with real nodes the Node (name, Ready or
 NotReady, read with the workload kubeconfig), elapsed time and what each one waits for,
-built with ``capl.commands.status.collect`` (the same join ``capl status`` shows). When all
+built with ``capl.commands.status_report.collect`` (the same join ``capl status`` shows). When all
 N are done it prints exactly one line (scripts wait for it): ``N/N machines Ready``, with
 real nodes ``N/N Nodes Ready`` (every Machine has a Ready Node) and the kubectl line for
 ``<workdir>/workload.kubeconfig``; then the commands to try, and keeps running, printing
@@ -88,7 +88,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from capl.commands import demo_nodes
-from capl.commands.status import formatter
+from capl.commands.shared import formatter
 from capl.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -103,7 +103,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from capl.commands.status import StatusReport
+    from capl.commands.status_report import StatusReport
     from capl.kube.client import KubeClient
     from capl.manager import Built
     from capl.runtime.manager import Manager
@@ -1372,7 +1372,7 @@ class Demo:
         return f"http://127.0.0.1:{port}/metrics" if port else None
 
     async def _report(self) -> StatusReport:
-        from capl.commands.status import collect
+        from capl.commands.status_report import collect
 
         assert self.client is not None
         assert self.plan is not None

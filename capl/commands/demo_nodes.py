@@ -64,7 +64,7 @@ from capl.errors import EXIT_USAGE, CliError
 
 if TYPE_CHECKING:
     from capl.commands.demo import DemoPlan
-    from capl.commands.status import MachineView
+    from capl.commands.status_report import MachineView
     from capl.kube.client import KubeClient
     from capl.runtime.resources import Resource
     from capl.testbed import ControlPlane
@@ -607,7 +607,7 @@ class RealNodes:
         self, client: KubeClient, *, progress: Callable[[str], None], poll: float = 1.0
     ) -> None:
         """Until capl reports NetworkReady on the LibvirtCluster: the host address exists."""
-        from capl.commands.status import condition_status
+        from capl.commands.status_report import condition_status
         from capl.runtime.errors import NotFound
         from capl.runtime.objects import ObjectKey
         from capl.runtime.resources import LIBVIRT_CLUSTER

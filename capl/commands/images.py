@@ -28,7 +28,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from capl.commands.status import add_api_flags, connect, default_namespace, formatter
+from capl.commands.shared import add_api_flags, api_failure, connect, default_namespace, formatter
 from capl.errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, CliError
 
 if TYPE_CHECKING:
@@ -153,7 +153,6 @@ async def _access(args: argparse.Namespace) -> HostAccess:
                 code=EXIT_USAGE,
             )
         return HostAccess(name=args.host, uri=args.host, credentials=None)
-    from capl.commands.status import api_failure
     from capl.runtime.errors import ApiError, NotFound
     from capl.runtime.objects import ObjectKey
     from capl.runtime.resources import LIBVIRT_CLUSTER

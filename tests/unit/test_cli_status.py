@@ -11,14 +11,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from capl.commands.status import (
-    build_report,
-    default_namespace,
-    format_age,
-    render_json,
-    render_plain,
-    render_rich,
-)
+from capl.commands.shared import default_namespace
+from capl.commands.status import format_age, render_json, render_plain, render_rich
+from capl.commands.status_report import build_report
 
 T = "2026-01-02T03:04:05Z"
 NOW = datetime(2026, 1, 2, 4, 4, 5, tzinfo=UTC)  # one hour after T

@@ -19,7 +19,7 @@ from capl.cli import build_parser, main
 from capl.commands import demo, demo_nodes
 from capl.commands.demo import DemoPlan, MachineRow, Tracker, demo_objects, next_steps, ready_line
 from capl.commands.demo_nodes import NodeIndex, gateway, runs_here, split_workers
-from capl.commands.status import build_report
+from capl.commands.status_report import build_report
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "templates" / "cluster-template-offline.yaml"

@@ -34,7 +34,7 @@ from capl.commands.demo import (
     row_line,
     synthetic_qcow2,
 )
-from capl.commands.status import build_report
+from capl.commands.status_report import build_report
 from capl.errors import CliError
 from capl.ports.bootstrap import validate_ignition
 from capl.ports.virt import VolumeFormat

@@ -1,0 +1,147 @@
+"""What the operator commands share: their argparse look, the API flags and API access.
+
+- ``formatter`` and ``add_api_flags``: every command's help keeps its line breaks, and every
+  command that talks to the API server has ``--kubeconfig`` and ``--context``;
+- ``connect``: a ``capl.kube.KubeClient`` from the kubeconfig, resolved as client-go does it
+  (``$KUBECONFIG``, in-cluster, then ``~/.kube/config``); no usable configuration is exit 4;
+- ``default_namespace``: the namespace of the kubeconfig context in use (kubectl's default);
+- ``api_failure``: a failed API request as a one-line ``CliError`` with the exit code that
+  says what happened (unreachable 4, not found 3, forbidden or anything else 1);
+- ``list_kind``: every object of a kind, or None when its CRD is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from capl.errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_UNREACHABLE, CliError
+
+if TYPE_CHECKING:
+    from capl.kube.client import KubeClient
+    from capl.runtime.errors import ApiError
+    from capl.runtime.resources import Resource
+
+__all__ = [
+    "add_api_flags",
+    "api_failure",
+    "connect",
+    "default_namespace",
+    "formatter",
+    "list_kind",
+]
+
+_IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+# --- argparse ------------------------------------------------------------------------------------
+
+
+def formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=36)
+
+
+def add_api_flags(p: argparse.ArgumentParser) -> None:
+    """--kubeconfig and --context, as every command that talks to the API server has them."""
+    p.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file (default: $KUBECONFIG, in-cluster, then ~/.kube/config)",
+    )
+    p.add_argument("--context", default=None, help="kubeconfig context (default: the current)")
+
+
+# --- API access ----------------------------------------------------------------------------------
+
+
+async def connect(kubeconfig: str | None, *, context: str | None = None) -> KubeClient:
+    """A client for the configured API server; no usable configuration -> exit 4."""
+    from capl.kube.client import KubeClient
+    from capl.kube.config import KubeconfigError
+
+    try:
+        return await KubeClient.connect(
+            kubeconfig, context=context, user_agent="capl-cli", request_timeout=30.0
+        )
+    except KubeconfigError as exc:
+        raise CliError(
+            f"cannot load the cluster configuration: {exc}", code=EXIT_UNREACHABLE
+        ) from exc
+
+
+def default_namespace(kubeconfig: str | None, *, context: str | None = None) -> str:
+    """The namespace of the kubeconfig context in use (kubectl's default), else "default"."""
+    import yaml
+
+    from capl.kube.config import KubeconfigError, find_source
+
+    try:
+        source = find_source(kubeconfig)
+    except KubeconfigError:
+        return "default"
+    if source.path is None:
+        try:
+            with open(_IN_CLUSTER_NAMESPACE, encoding="utf-8") as handle:
+                return handle.read().strip() or "default"
+        except OSError:
+            return "default"
+    documents: list[Mapping[str, Any]] = []
+    for path in source.path.split(":"):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                loaded = yaml.safe_load(handle)
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(loaded, Mapping):
+            documents.append(loaded)
+    current = context or next(
+        (str(d["current-context"]) for d in documents if d.get("current-context")), ""
+    )
+    for document in documents:
+        for entry in document.get("contexts") or ():
+            if isinstance(entry, Mapping) and entry.get("name") == current:
+                namespace = (entry.get("context") or {}).get("namespace")
+                return str(namespace) if namespace else "default"
+    return "default"
+
+
+def api_failure(exc: ApiError, *, server: str, what: str) -> CliError:
+    """A one-line CliError with the right exit code for a failed API request."""
+    from capl.runtime.errors import Forbidden, NotFound, TransportError
+
+    if isinstance(exc, TransportError):
+        cause = exc.__cause__
+        detail = (str(cause) or type(cause).__name__) if cause is not None else exc.message
+        if isinstance(cause, TimeoutError):
+            detail = "timed out"
+        return CliError(f"cannot reach the API server {server}: {detail}", code=EXIT_UNREACHABLE)
+    if exc.code == 401:
+        return CliError(
+            f"the API server {server} rejected the credentials (401 Unauthorized)",
+            code=EXIT_UNREACHABLE,
+        )
+    if isinstance(exc, Forbidden):
+        return CliError(f"{what}: forbidden: {exc.message or exc}", code=EXIT_FAILED)
+    if isinstance(exc, NotFound):
+        return CliError(f"{what}: not found", code=EXIT_NOT_FOUND)
+    return CliError(f"{what}: {exc}", code=EXIT_FAILED)
+
+
+async def list_kind(
+    client: KubeClient, resource: Resource, *, namespace: str | None
+) -> list[dict[str, Any]] | None:
+    """Every object of a kind (None when its CRD is not installed)."""
+    from capl.runtime.errors import ApiError, NotFound
+
+    try:
+        listed = await client.resource(resource).list(namespace=namespace)
+    except NotFound:
+        return None
+    except ApiError as exc:
+        raise api_failure(exc, server=_server(client), what=f"list {resource.plural}") from exc
+    return list(listed.items)
+
+
+def _server(client: KubeClient) -> str:
+    return str(client.configuration.host)
