@@ -16,9 +16,19 @@ from capl.api.capi import Cluster
 from capl.api.cluster import LibvirtCluster
 from capl.api.templates import LibvirtMachineTemplate
 from capl.cli import build_parser, main
-from capl.commands import demo, demo_nodes
-from capl.commands.demo import DemoPlan, MachineRow, Tracker, demo_objects, next_steps, ready_line
-from capl.commands.demo_nodes import NodeIndex, gateway, runs_here, split_workers
+from capl.commands.demo import assets, cli, node_objects
+from capl.commands.demo.node_objects import cluster_objects, worker_objects
+from capl.commands.demo.node_view import NodeIndex
+from capl.commands.demo.objects import demo_objects, layout_names, resource_of
+from capl.commands.demo.plan import DemoOptions, DemoPlan, gateway, runs_here, split_workers
+from capl.commands.demo.view import (
+    MachineRow,
+    Tracker,
+    next_steps,
+    ready_line,
+    render_table,
+    row_line,
+)
 from capl.commands.status_report import build_report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,18 +166,18 @@ def test_the_objects_are_valid_for_capls_models_and_cluster_api() -> None:
     }
     assert replicas == {"demo-md-ignition": 1, "demo-md-cloud-config": 1}
     for obj in objects.values():
-        resource = demo.resource_of(obj)
+        resource = resource_of(obj)
         assert (resource.kind, resource.api_version) == (obj["kind"], obj["apiVersion"])
 
 
 def test_the_network_and_pool_names_are_the_same_as_in_the_vm_only_mode() -> None:
-    assert demo.layout_names(plan()) == ("capl-default.demo", "capl-default.demo")
+    assert layout_names(plan()) == ("capl-default.demo", "capl-default.demo")
 
 
 def test_the_testbed_control_plane_crd_is_installed_with_capls() -> None:
-    kinds = [m["kind"] for m in demo_nodes.testbed_manifests()]
+    kinds = [m["kind"] for m in node_objects.testbed_manifests()]
     assert kinds == ["CustomResourceDefinition", "ClusterRole"]
-    crd = demo_nodes.testbed_manifests()[0]
+    crd = node_objects.testbed_manifests()[0]
     assert crd["spec"]["names"]["kind"] == "TestbedControlPlane"
 
 
@@ -181,9 +191,9 @@ def test_the_plan_names_what_is_scaled_and_deleted() -> None:
 # --- the mode and its defaults --------------------------------------------------------------
 
 
-def _options(*argv: str) -> demo.DemoOptions:
+def _options(*argv: str) -> DemoOptions:
     args: argparse.Namespace = build_parser().parse_args(["demo", *argv])
-    return demo.options_from_args(args)
+    return cli.options_from_args(args)
 
 
 def test_real_nodes_are_the_default_with_their_own_defaults() -> None:
@@ -250,10 +260,10 @@ def test_node_binaries_and_image_are_found_in_the_cache(
     for path in (image, kubeadm):
         path.parent.mkdir(parents=True)
         path.write_text("")
-    assert demo_nodes.find_node_image(None, cache=tmp_path) == image.resolve()
-    assert demo_nodes.find_node_bin(cache=tmp_path) == kubeadm.parent.parent
+    assert assets.find_node_image(None, cache=tmp_path) == image.resolve()
+    assert assets.find_node_bin(cache=tmp_path) == kubeadm.parent.parent
     monkeypatch.setenv("CAPL_NODE_BIN", "/elsewhere")
-    assert demo_nodes.find_node_bin(cache=tmp_path) == Path("/elsewhere")
+    assert assets.find_node_bin(cache=tmp_path) == Path("/elsewhere")
 
 
 # --- the live view ---------------------------------------------------------------------------
@@ -386,14 +396,14 @@ def test_the_node_column_and_change_lines() -> None:
         ready="True", elapsed=75, detail="", node="demo-md-ignition-a Ready", node_ready=True,
     )  # fmt: skip
     console = Console(width=200, record=True)
-    console.print(demo.render_table([row], title="t", caption="1/1 Nodes Ready", nodes=True))
+    console.print(render_table([row], title="t", caption="1/1 Nodes Ready", nodes=True))
     text = console.export_text()
     assert "NODE" in text
     assert "demo-md-ignition-a Ready" in text
     console = Console(width=200, record=True)
-    console.print(demo.render_table([row], title="t", caption=""))
+    console.print(render_table([row], title="t", caption=""))
     assert "NODE" not in console.export_text()
-    line = demo.row_line(row, since_start=80)
+    line = row_line(row, since_start=80)
     assert " node=demo-md-ignition-a/Ready elapsed=75s" in line
 
 
@@ -417,18 +427,10 @@ def test_next_steps_start_with_the_workload_cluster() -> None:
     assert any(c.startswith("capl console demo-md-ignition-abc-def --kubeconfig") for c in commands)
 
 
-def test_the_cluster_comes_first_and_the_workers_once_its_control_plane_runs(
-    tmp_path: Path,
-) -> None:
-    nodes = demo_nodes.RealNodes(
-        plan=plan(),
-        workdir=tmp_path,
-        parts=None,
-        plane=None,  # type: ignore[arg-type]
-    )
-    first = nodes._objects(demo_nodes._CLUSTER_KINDS, include=True)
+def test_the_cluster_comes_first_and_the_workers_once_its_control_plane_runs() -> None:
+    first = cluster_objects(plan())
     assert sorted(o["kind"] for o in first) == ["Cluster", "LibvirtCluster", "TestbedControlPlane"]
-    workers = nodes._workers()
+    workers = worker_objects(plan())
     assert [o["kind"] for o in workers] == [
         "LibvirtMachineTemplate",
         "KubeadmConfigTemplate",

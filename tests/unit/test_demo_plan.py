@@ -18,21 +18,23 @@ from capl.api.cluster import LibvirtCluster
 from capl.api.machine import LibvirtMachine
 from capl.api.templates import LibvirtMachineTemplate
 from capl.cli import main
-from capl.commands import demo
-from capl.commands.demo import (
+from capl.commands.demo import cli, workdirs
+from capl.commands.demo.image_server import synthetic_qcow2
+from capl.commands.demo.objects import demo_objects, layout_names, resource_of
+from capl.commands.demo.plan import (
     DemoPlan,
-    MachineRow,
-    Tracker,
-    demo_objects,
     is_local_uri,
     is_test_driver,
-    layout_names,
     local_routes,
-    next_steps,
     pick_cidr,
+)
+from capl.commands.demo.view import (
+    MachineRow,
+    Tracker,
+    next_steps,
     ready_line,
+    render_table,
     row_line,
-    synthetic_qcow2,
 )
 from capl.commands.status_report import build_report
 from capl.errors import CliError
@@ -214,7 +216,7 @@ def test_the_network_and_pool_names_are_capls_derived_names() -> None:
 
 def test_every_object_has_a_rest_resource() -> None:
     for obj in demo_objects(plan()):
-        resource = demo.resource_of(obj)
+        resource = resource_of(obj)
         assert resource.kind == obj["kind"]
         assert resource.api_version == obj["apiVersion"]
 
@@ -332,7 +334,7 @@ def test_the_table_renders_every_column() -> None:
         name="m", host="local", state="Running", address="10.0.0.2", ready="True",
         elapsed=3, detail="",
     )  # fmt: skip
-    console.print(demo.render_table([row], title="t", caption="1/1 Ready"))
+    console.print(render_table([row], title="t", caption="1/1 Ready"))
     text = console.export_text()
     for cell in ("MACHINE", "ELAPSED", "WAITING FOR", "m", "local", "Running", "10.0.0.2", "3s"):
         assert cell in text
@@ -397,7 +399,7 @@ def test_bad_flags_exit_2_with_one_line(
     ("text", "seconds"), [("90", 90.0), ("90s", 90.0), ("10m", 600.0), ("1h30m", 5400.0)]
 )
 def test_durations(text: str, seconds: float) -> None:
-    assert demo._seconds(text) == seconds
+    assert cli._seconds(text) == seconds
 
 
 def test_help_lists_the_flags_and_examples(capsys: pytest.CaptureFixture[str]) -> None:
@@ -436,16 +438,16 @@ def test_a_missing_image_file_is_a_usage_error(
 def test_work_directories_are_told_apart_by_their_owners_liveness(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(demo.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(workdirs.tempfile, "gettempdir", lambda: str(tmp_path))
     mine = tmp_path / "capl-demo-mine"
     dead = tmp_path / "capl-demo-dead"
     unrelated = tmp_path / "capl-demo-nostate"
     for d in (mine, dead, unrelated):
         d.mkdir()
-    me = demo.process_identity(os.getpid())
+    me = workdirs.process_identity(os.getpid())
     assert me is not None
     (mine / "demo.json").write_text(json.dumps({"owner": me, "uri": "qemu:///system"}))
     # same pid, another start time: the pid was reused, the owner is gone
     (dead / "demo.json").write_text(json.dumps({"owner": f"{os.getpid()} 1", "uri": "x"}))
-    found = {path.name: alive for path, _state, alive in demo.other_demos()}
+    found = {path.name: alive for path, _state, alive in workdirs.other_demos()}
     assert found == {"capl-demo-mine": True, "capl-demo-dead": False}
