@@ -109,6 +109,16 @@ def _add_manager(sub: argparse._SubParsersAction[_Parser]) -> None:
         ),
     )
     _add_kubeconfig(p)
+    _add_leader_election(p)
+    _add_scope_and_serving(p)
+    _add_timeouts(p)
+    _add_libvirt_calls(p)
+    p.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    p.add_argument("--log-format", choices=("auto", "json", "console"), default="auto")
+    p.set_defaults(run=_run_manager)
+
+
+def _add_leader_election(p: argparse.ArgumentParser) -> None:
     le = p.add_argument_group("leader election")
     le.add_argument("--leader-elect", action="store_true", help="run only while holding a Lease")
     le.add_argument("--leader-election-id", default="controller-leader-election-capl")
@@ -116,6 +126,10 @@ def _add_manager(sub: argparse._SubParsersAction[_Parser]) -> None:
     le.add_argument("--leader-elect-lease-duration", type=parse_duration, default=15.0)
     le.add_argument("--leader-elect-renew-deadline", type=parse_duration, default=10.0)
     le.add_argument("--leader-elect-retry-period", type=parse_duration, default=2.0)
+
+
+def _add_scope_and_serving(p: argparse.ArgumentParser) -> None:
+    """What the manager watches, how many workers reconcile, what it serves."""
     p.add_argument(
         "--metrics-bind-address",
         default=":8080",
@@ -144,6 +158,10 @@ def _add_manager(sub: argparse._SubParsersAction[_Parser]) -> None:
     p.add_argument("--webhook-port", type=int, default=9443, help="0 disables the webhooks")
     p.add_argument("--webhook-host", default="0.0.0.0")
     p.add_argument("--webhook-cert-dir", default="/tmp/k8s-webhook-server/serving-certs")
+
+
+def _add_timeouts(p: argparse.ArgumentParser) -> None:
+    """How long the manager and its machines wait, and how often clusters are re-checked."""
     p.add_argument("--graceful-shutdown-timeout", type=parse_duration, default=30.0)
     p.add_argument(
         "--machine-shutdown-timeout",
@@ -164,6 +182,9 @@ def _add_manager(sub: argparse._SubParsersAction[_Parser]) -> None:
         default=60.0,
         help="re-check every cluster's hosts this often, 0 disables (60s)",
     )
+
+
+def _add_libvirt_calls(p: argparse.ArgumentParser) -> None:
     lv = p.add_argument_group("libvirt calls (per host)")
     lv.add_argument(
         "--libvirt-call-timeout",
@@ -189,9 +210,6 @@ def _add_manager(sub: argparse._SubParsersAction[_Parser]) -> None:
         default=None,
         help="unanswered calls to one host before new ones fail at once (4 x workers)",
     )
-    p.add_argument("--log-level", default="info", help="debug, info, warning, error")
-    p.add_argument("--log-format", choices=("auto", "json", "console"), default="auto")
-    p.set_defaults(run=_run_manager)
 
 
 def _run_manager(args: argparse.Namespace) -> int:

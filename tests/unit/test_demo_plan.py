@@ -20,14 +20,9 @@ from capl.api.templates import LibvirtMachineTemplate
 from capl.cli import main
 from capl.commands.demo import cli, workdirs
 from capl.commands.demo.image_server import synthetic_qcow2
+from capl.commands.demo.network import local_routes, pick_cidr
 from capl.commands.demo.objects import demo_objects, layout_names, resource_of
-from capl.commands.demo.plan import (
-    DemoPlan,
-    is_local_uri,
-    is_test_driver,
-    local_routes,
-    pick_cidr,
-)
+from capl.commands.demo.plan import DemoPlan, is_local_uri, is_test_driver
 from capl.commands.demo.view import (
     MachineRow,
     Tracker,

@@ -24,6 +24,7 @@ The modules, in the order a run uses them:
 - ``plan``: ``DemoOptions`` and ``DemoPlan``, the names and the network (pure);
 - ``assets``: the binaries, builds and node image, found before anything starts;
 - ``workdirs``: work directories and their owners (``demo.json``);
+- ``network``: the demo network, a /24 free on the host;
 - ``image_server``: the VM-only base image, served on loopback;
 - ``objects`` and ``node_objects``: the API objects of either mode (pure);
 - ``state``, ``lifecycle``: what a run started, and ``Demo`` that starts it;

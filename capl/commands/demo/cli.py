@@ -16,7 +16,7 @@ import os
 import re
 import signal
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from capl.commands.demo.lifecycle import Demo, Interrupted
 from capl.commands.demo.plan import DEFAULT_NAME, WORKER_MEMORY_MIB, DemoOptions, is_test_driver
@@ -28,10 +28,6 @@ from capl.errors import (
     EXIT_OK,
     CliError,
 )
-
-if TYPE_CHECKING:
-    pass
-
 
 __all__ = ["options_from_args", "register", "run", "run_demo"]
 
@@ -79,46 +75,59 @@ def _dns_label(text: str) -> str:
     return text
 
 
+_DESCRIPTION = (
+    "Start a local control plane, the Cluster API core manager, its kubeadm bootstrap\n"
+    "provider and capl's manager; create a cluster whose workers are VMs of capl's node\n"
+    "image (a MachineDeployment bootstrapped with Ignition, one with cloud-config, both\n"
+    "by the kubeadm bootstrap provider) that join a workload control plane running on\n"
+    "this machine; show them in a live view (with each machine's Node) until every\n"
+    "Node is Ready, then print `N/N Nodes Ready`, the workload kubeconfig\n"
+    "(<work directory>/workload.kubeconfig) and what to try.\n"
+    "--vm-only: the fast demo of capl alone, N VMs of the test guest (one control-plane\n"
+    "Machine with Ignition, workers with cloud-config, no kubelet) until `N/N machines\n"
+    "Ready`; the libvirt test driver (test:///default) implies it.\n"
+    "Ctrl-C (or SIGTERM) deletes the cluster through the API, checks that capl\n"
+    "removed every domain, volume, DHCP/DNS entry, network and pool (anything left\n"
+    "that carries the demo's ownership tags is removed directly), stops every\n"
+    "process and removes the work directory.\n"
+    "\n"
+    "Needs the control-plane binaries (`make envtest`, $KUBEBUILDER_ASSETS), the\n"
+    "Cluster API build (`make capi`, $CAPL_CAPI_DIR) and for real nodes the node\n"
+    "binaries (`make node-bin`, $CAPL_NODE_BIN) and image (`make node-image`,\n"
+    "$CAPL_NODE_IMAGE); all are also found in $CAPL_CACHE. `make demo` builds\n"
+    "everything and runs this."
+)
+_EPILOG = (
+    "examples:\n"
+    "  capl demo --node-image $(hack/node-image.sh | tail -n1)   2 real nodes (TCG)\n"
+    "  capl demo --machines 4 --domain-type kvm                  4 real nodes (KVM)\n"
+    "  capl demo --vm-only --image $(hack/guest-image.sh | tail -n1)   3 VMs, no kubelet\n"
+    "  capl demo --libvirt-uri test:///default                   VM-only in seconds\n"
+    "  capl demo --vm-only --libvirt-uri qemu+ssh://root@kvm1/system --image https://host/os.qcow2\n"
+    "\n"
+    "exit codes: 0 stopped after every machine was Ready (real nodes: had a Ready\n"
+    "Node), 1 failed (after clean-up), 2 bad usage, 4 libvirt host unreachable,\n"
+    "130 interrupted before Ready"
+)
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
         help="a demo cluster of real Kubernetes nodes on this machine, removed on Ctrl-C",
         formatter_class=formatter,
-        description=(
-            "Start a local control plane, the Cluster API core manager, its kubeadm bootstrap\n"
-            "provider and capl's manager; create a cluster whose workers are VMs of capl's node\n"
-            "image (a MachineDeployment bootstrapped with Ignition, one with cloud-config, both\n"
-            "by the kubeadm bootstrap provider) that join a workload control plane running on\n"
-            "this machine; show them in a live view (with each machine's Node) until every\n"
-            "Node is Ready, then print `N/N Nodes Ready`, the workload kubeconfig\n"
-            "(<work directory>/workload.kubeconfig) and what to try.\n"
-            "--vm-only: the fast demo of capl alone, N VMs of the test guest (one control-plane\n"
-            "Machine with Ignition, workers with cloud-config, no kubelet) until `N/N machines\n"
-            "Ready`; the libvirt test driver (test:///default) implies it.\n"
-            "Ctrl-C (or SIGTERM) deletes the cluster through the API, checks that capl\n"
-            "removed every domain, volume, DHCP/DNS entry, network and pool (anything left\n"
-            "that carries the demo's ownership tags is removed directly), stops every\n"
-            "process and removes the work directory.\n"
-            "\n"
-            "Needs the control-plane binaries (`make envtest`, $KUBEBUILDER_ASSETS), the\n"
-            "Cluster API build (`make capi`, $CAPL_CAPI_DIR) and for real nodes the node\n"
-            "binaries (`make node-bin`, $CAPL_NODE_BIN) and image (`make node-image`,\n"
-            "$CAPL_NODE_IMAGE); all are also found in $CAPL_CACHE. `make demo` builds\n"
-            "everything and runs this."
-        ),
-        epilog=(
-            "examples:\n"
-            "  capl demo --node-image $(hack/node-image.sh | tail -n1)   2 real nodes (TCG)\n"
-            "  capl demo --machines 4 --domain-type kvm                  4 real nodes (KVM)\n"
-            "  capl demo --vm-only --image $(hack/guest-image.sh | tail -n1)   3 VMs, no kubelet\n"
-            "  capl demo --libvirt-uri test:///default                   VM-only in seconds\n"
-            "  capl demo --vm-only --libvirt-uri qemu+ssh://root@kvm1/system --image https://host/os.qcow2\n"
-            "\n"
-            "exit codes: 0 stopped after every machine was Ready (real nodes: had a Ready\n"
-            "Node), 1 failed (after clean-up), 2 bad usage, 4 libvirt host unreachable,\n"
-            "130 interrupted before Ready"
-        ),
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
     )
+    _add_mode_flags(p)
+    _add_cluster_flags(p)
+    _add_run_flags(p)
+    p.set_defaults(run=run)
+
+
+def _add_mode_flags(p: argparse.ArgumentParser) -> None:
+    """The host, the mode (real nodes or --vm-only), how many machines of which image, and
+    whether the work directory stays."""
     p.add_argument(
         "--libvirt-uri",
         default="qemu:///system",
@@ -155,6 +164,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--keep", action="store_true", help="keep the work directory (all logs) after the demo"
     )
+
+
+def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    """The demo cluster: its name, network and machine shape."""
     p.add_argument("--name", type=_dns_label, default=DEFAULT_NAME, help="cluster name (demo)")
     p.add_argument(
         "--network-cidr",
@@ -175,6 +188,10 @@ def register(sub: Any) -> None:
         default=None,
         help=f"memory per machine ({WORKER_MEMORY_MIB}; --vm-only: 256)",
     )
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """How long to wait, when to stop, how much the manager logs."""
     p.add_argument(
         "--ready-timeout",
         type=_seconds,
@@ -197,7 +214,6 @@ def register(sub: Any) -> None:
         "Ready Node (for scripts and benchmarks)",
     )
     p.add_argument("--log-level", default="info", help="capl manager log level (info)")
-    p.set_defaults(run=run)
 
 
 def options_from_args(args: argparse.Namespace) -> DemoOptions:

@@ -28,13 +28,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import ipaddress
 import os
 import shutil
 import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,15 +48,13 @@ from capl.commands.demo.assets import (
 from capl.commands.demo.cleanup import Cleanup
 from capl.commands.demo.image_server import ImageServer, image_source, sha256_of, synthetic_qcow2
 from capl.commands.demo.leftovers import sweep_stale
+from capl.commands.demo.network import pick_network
 from capl.commands.demo.node_objects import write_testbed_manifests
 from capl.commands.demo.objects import demo_objects, layout_names, resource_of, write_crds
 from capl.commands.demo.plan import (
     DEFAULT_NAMESPACE,
     DemoPlan,
-    is_local_uri,
     is_test_driver,
-    local_routes,
-    pick_cidr,
 )
 from capl.commands.demo.real_nodes import RealNodes
 from capl.commands.demo.state import POLL, DemoState
@@ -64,13 +62,12 @@ from capl.commands.demo.ui import Lines
 from capl.commands.demo.view import Tracker, condition_detail, next_steps, ready_line
 from capl.commands.demo.workdirs import WORKDIR_PREFIX, other_demos, process_identity, write_state
 from capl.errors import (
-    EXIT_UNREACHABLE,
-    EXIT_USAGE,
     CliError,
 )
 
 if TYPE_CHECKING:
     from capl.commands.status_report import StatusReport
+    from capl.testbed.capi import CapiAssets
 
 
 __all__ = ["Demo", "Interrupted"]
@@ -78,6 +75,20 @@ __all__ = ["Demo", "Interrupted"]
 
 class Interrupted(Exception):
     """SIGINT/SIGTERM arrived during a phase that waits."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Parts:
+    """What the run found on this machine before it started anything."""
+
+    assets: Any
+    """The control-plane binaries (capl.testbed's assets)."""
+    capi: CapiAssets
+    nodes: NodeParts | None
+    """Real nodes: what they need; None in VM-only mode."""
+    image_path: Path | None
+    """VM-only: the base image, a local file (else ``image_url``, or synthetic)."""
+    image_url: str | None
 
 
 class Demo(DemoState):
@@ -111,6 +122,18 @@ class Demo(DemoState):
     # -- set-up -----------------------------------------------------------------------------
 
     async def up(self) -> None:
+        """The run until it is stopped (or, with --exit-when-ready, until it is Ready)."""
+        found = self._find_parts()
+        await sweep_stale(self.ui)
+        self._check_no_other_demo()
+        identity = self._make_workdir()
+        await self._make_plan(found, identity=identity)
+        await self._start_management(found)
+        await self._create_cluster()
+        await self._watch()
+
+    def _find_parts(self) -> _Parts:
+        """Everything the run needs on this machine, before anything starts."""
         opts = self.options
         node_image = None
         if opts.real_nodes:
@@ -118,15 +141,13 @@ class Demo(DemoState):
                 opts.uri, image=opts.image, node_image=opts.node_image, cache=cache_dir()
             )
         image_path, image_url = (
-            (None, None)
-            if opts.real_nodes
-            else image_source(self.options.image, uri=self.options.uri)
+            (None, None) if opts.real_nodes else image_source(opts.image, uri=opts.uri)
         )
         assets = find_control_plane_assets()
         capi_assets = find_capi_assets()
-        parts = None
+        nodes = None
         if node_image is not None:
-            parts = NodeParts.find(
+            nodes = NodeParts.find(
                 image=node_image, envtest=assets.directory, capi=capi_assets, cache=cache_dir()
             )
         elif is_test_driver(opts.uri) and not opts.vm_only:
@@ -134,34 +155,39 @@ class Demo(DemoState):
                 "the libvirt test driver boots no guests, so no real nodes: VM-only mode "
                 "(as with --vm-only)"
             )
-        await sweep_stale(self.ui)
-        self._check_no_other_demo()
+        return _Parts(
+            assets=assets,
+            capi=capi_assets,
+            nodes=nodes,
+            image_path=image_path,
+            image_url=image_url,
+        )
 
+    def _make_workdir(self) -> str:
+        """The work directory, owned by this process (its identity is returned), and the
+        manager's log in it."""
         self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         identity = process_identity(os.getpid()) or ""
-        write_state(self.workdir, {"owner": identity, "uri": opts.uri})
+        write_state(self.workdir, {"owner": identity, "uri": self.options.uri})
         (self.workdir / "logs").mkdir()
         self._configure_logging()
         logs = "logs/, control-plane/logs/, control-plane/capi-core/logs/"
-        if opts.real_nodes:
+        if self.options.real_nodes:
             logs += ", control-plane/capi-kubeadm-bootstrap/logs/, workload/logs/"
         self.ui.say(f"work directory: {self.workdir} (logs: {logs})")
+        return identity
 
-        network_cidr = opts.network_cidr or await self._pick_network()
-        server: ImageServer | None = None
-        sha256: str | None = None
+    async def _make_plan(self, found: _Parts, *, identity: str) -> None:
+        """The network, the base image's URL (serving it first), the plan; recorded in the
+        work directory's state so that a later demo can clean up after this one."""
+        opts = self.options
+        assert self.workdir is not None
+        network_cidr = opts.network_cidr or await pick_network(
+            opts.uri, domain_type=opts.domain_type
+        )
+        image_url, sha256 = found.image_url, None
         if image_url is None and not opts.real_nodes:
-            if image_path is not None:
-                with self.ui.step(f"Checksumming the base image {image_path}"):
-                    sha256 = await asyncio.to_thread(sha256_of, image_path)
-                server = ImageServer(path=image_path)
-            else:
-                data = synthetic_qcow2()
-                sha256 = hashlib.sha256(data).hexdigest()
-                server = ImageServer(path=None, data=data)
-            await server.start()
-            self.image_server = server
-            image_url = server.url
+            image_url, sha256 = await self._serve_image(found.image_path)
         self.plan = DemoPlan(
             name=opts.name,
             uri=opts.uri,
@@ -172,7 +198,7 @@ class Demo(DemoState):
             pool_path=str(self.workdir / "pool"),
             domain_type=opts.domain_type,
             memory_mib=opts.memory_mib,
-            **(await parts.plan_values() if parts is not None else {}),
+            **(await found.nodes.plan_values() if found.nodes is not None else {}),
         )
         network, pool = layout_names(self.plan)
         write_state(
@@ -187,10 +213,29 @@ class Demo(DemoState):
             },
         )
 
+    async def _serve_image(self, path: Path | None) -> tuple[str, str]:
+        """(URL, sha256) of the base image (``path``, else a synthetic one) on loopback."""
+        if path is not None:
+            with self.ui.step(f"Checksumming the base image {path}"):
+                sha256 = await asyncio.to_thread(sha256_of, path)
+            server = ImageServer(path=path)
+        else:
+            data = synthetic_qcow2()
+            sha256 = hashlib.sha256(data).hexdigest()
+            server = ImageServer(path=None, data=data)
+        await server.start()
+        self.image_server = server
+        return server.url, sha256
+
+    async def _start_management(self, found: _Parts) -> None:
+        """The control plane with the CRDs, Cluster API (with real nodes also its kubeadm
+        bootstrap provider) and capl's manager."""
         from capl.testbed import ControlPlane
         from capl.testbed.capi import CapiCore
 
-        self.plane = ControlPlane(assets=assets, workdir=self.workdir / "control-plane")
+        assert self.workdir is not None
+        assert self.plan is not None
+        self.plane = ControlPlane(assets=found.assets, workdir=self.workdir / "control-plane")
         with self.ui.step("Starting a local control plane (etcd + kube-apiserver)"):
             await self._cancellable(self.plane.start())
         shutil.copyfile(self.plane.kubeconfig, self.kubeconfig)
@@ -198,34 +243,35 @@ class Demo(DemoState):
         crd_dir = self.workdir / "crds"
         write_crds(crd_dir)
         crds = "capl's CRDs"
-        if opts.real_nodes:
+        if self.options.real_nodes:
             write_testbed_manifests(crd_dir)
             crds += " and the TestbedControlPlane CRD"
         with self.ui.step(f"Installing {crds}"):
             await self._cancellable(self.plane.install_crds(crd_dir))
-        self.capi = CapiCore(plane=self.plane, capi=capi_assets)
-        with self.ui.step(f"Starting the Cluster API core manager {capi_assets.version}"):
+        self.capi = CapiCore(plane=self.plane, capi=found.capi)
+        with self.ui.step(f"Starting the Cluster API core manager {found.capi.version}"):
             await self._cancellable(self.capi.start())
-        if parts is not None:
+        if found.nodes is not None:
             self.nodes = RealNodes(
-                plan=self.plan, workdir=self.workdir, parts=parts, plane=self.plane
+                plan=self.plan, workdir=self.workdir, parts=found.nodes, plane=self.plane
             )
             await self.nodes.start_bootstrap_provider(self.ui, run=self._cancellable)
         self.ui.say("processes: " + ", ".join(self.processes()))
-
         with self.ui.step("Starting capl's manager (in this process)"):
             await self._cancellable(self._start_manager())
+
+    async def _create_cluster(self) -> None:
+        assert self.client is not None
+        assert self.plan is not None
         if self.nodes is not None:
-            assert self.client is not None
             self.created = True  # from the first object on (the clean-up tolerates NotFound)
             await self.nodes.create(self.client, self.ui, run=self._cancellable)
-        else:
-            with self.ui.step(
-                f"Creating the demo cluster {self.plan.name!r} on {opts.uri} "
-                f"(isolated network {self.plan.cidr}, {self.plan.machines} machines)"
-            ):
-                await self._cancellable(self._create())
-        await self._watch()
+            return
+        with self.ui.step(
+            f"Creating the demo cluster {self.plan.name!r} on {self.options.uri} "
+            f"(isolated network {self.plan.cidr}, {self.plan.machines} machines)"
+        ):
+            await self._cancellable(self._create())
 
     def _check_no_other_demo(self) -> None:
         if is_test_driver(self.options.uri):
@@ -263,41 +309,6 @@ class Demo(DemoState):
                 await task
             raise Interrupted
         return task.result()
-
-    async def _pick_network(self) -> str:
-        """A /24 that overlaps no libvirt network on the host (and no local route)."""
-        from capl.ports.errors import VirtError
-        from capl.virt import LibvirtHosts
-
-        hosts = LibvirtHosts()
-        try:
-            host = hosts.get(uri=self.options.uri)
-            try:
-                info = await host.info()
-                taken = await host.connection.run("list networks", _network_cidrs)
-            except VirtError as exc:
-                raise CliError(
-                    f"cannot reach the libvirt host {self.options.uri}: {exc} (on this machine: "
-                    "`make libvirt-host` starts libvirtd)",
-                    code=EXIT_UNREACHABLE,
-                ) from None
-        finally:
-            await hosts.close()
-        offered = info.domain_types or (self.options.domain_type,)
-        if (
-            not is_test_driver(self.options.uri)
-            and self.options.domain_type != "auto"
-            and self.options.domain_type not in offered
-        ):
-            raise CliError(
-                f"{self.options.uri} offers domain types {', '.join(info.domain_types)}, not "
-                f"{self.options.domain_type} (--domain-type)",
-                code=EXIT_USAGE,
-            )
-        if is_local_uri(self.options.uri) and not is_test_driver(self.options.uri):
-            with contextlib.suppress(OSError):
-                taken += local_routes(await asyncio.to_thread(Path("/proc/net/route").read_text))
-        return pick_cidr(taken)
 
     async def _start_manager(self) -> None:
         from capl.controllers.libvirtcluster import LibvirtClusterOptions
@@ -461,21 +472,6 @@ class Demo(DemoState):
             raise CliError(f"capl's manager stopped: {exc!r} (see logs/capl-manager.log)")
         if self.nodes is not None:
             self.nodes.check_running()
-
-
-def _network_cidrs(conn: Any) -> list[ipaddress.IPv4Network]:
-    """Runs in the libvirt worker thread: the CIDR of every network on the host."""
-    from capl.virt.networkxml import parse_network_xml
-
-    cidrs = []
-    for network in conn.listAllNetworks(0):
-        with contextlib.suppress(Exception):
-            info = parse_network_xml(
-                network.XMLDesc(0), active=False, persistent=True, autostart=False
-            )
-            if info.cidr:
-                cidrs.append(ipaddress.IPv4Network(info.cidr, strict=False))
-    return cidrs
 
 
 def _command(name: str, fallback: Path) -> str:

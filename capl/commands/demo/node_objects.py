@@ -58,122 +58,132 @@ def node_objects(plan: DemoPlan) -> list[dict[str, Any]]:
     directory in the work directory, objects carry the cluster-name label, and the values
     are the demo's (CIDR, endpoint, image path, worker counts and size).
     """
-    ns, name = plan.namespace, plan.name
-    endpoint = {"host": gateway(plan.cidr), "port": API_PORT}
-    labels = {"cluster.x-k8s.io/cluster-name": name}
     ignition_workers, cloud_config_workers = split_workers(plan.machines)
-    worker_template = f"{name}-worker"
-
-    def meta(object_name: str) -> dict[str, Any]:
-        return {"name": object_name, "namespace": ns, "labels": dict(labels)}
-
-    def ref(group: str, kind: str, object_name: str) -> dict[str, str]:
-        return {"apiGroup": group, "kind": kind, "name": object_name}
-
-    def kubeadm_config_template(object_name: str, fmt: str) -> dict[str, Any]:
-        return {
-            "apiVersion": f"{_BOOTSTRAP_GROUP}/v1beta2",
-            "kind": "KubeadmConfigTemplate",
-            "metadata": meta(object_name),
-            "spec": {
-                "template": {
-                    "spec": {
-                        "format": fmt,
-                        "joinConfiguration": {
-                            "nodeRegistration": {
-                                "criSocket": _CRI_SOCKET,
-                                "imagePullPolicy": "Never",
-                            },
-                            "timeouts": {
-                                "tlsBootstrapSeconds": 600,
-                                "kubeletHealthCheckSeconds": 600,
-                            },
-                        },
-                    }
-                }
-            },
-        }
-
-    def machine_deployment(object_name: str, replicas: int) -> dict[str, Any]:
-        selector = {DEPLOYMENT_NAME_LABEL: object_name}
-        return {
-            "apiVersion": f"{CAPI_GROUP}/v1beta2",
-            "kind": "MachineDeployment",
-            "metadata": meta(object_name),
-            "spec": {
-                "clusterName": name,
-                "replicas": replicas,
-                "selector": {"matchLabels": selector},
-                "template": {
-                    "metadata": {"labels": dict(selector)},
-                    "spec": {
-                        "clusterName": name,
-                        "version": plan.kubernetes_version,
-                        "bootstrap": {
-                            "configRef": ref(_BOOTSTRAP_GROUP, "KubeadmConfigTemplate", object_name)
-                        },
-                        "infrastructureRef": ref(
-                            INFRA_GROUP, "LibvirtMachineTemplate", worker_template
-                        ),
-                    },
-                },
-            },
-        }
-
     return [
-        {
-            "apiVersion": f"{_TESTBED_CP_GROUP}/v1alpha1",
-            "kind": "TestbedControlPlane",
-            "metadata": meta(plan.control_plane),
-            "spec": {"version": plan.kubernetes_version, "controlPlaneEndpoint": endpoint},
-        },
-        {
-            "apiVersion": f"{INFRA_GROUP}/v1alpha1",
-            "kind": "LibvirtCluster",
-            "metadata": meta(name),
-            "spec": {
-                "hosts": [{"name": "local", "uri": plan.uri}],
-                "network": {"cidr": plan.cidr, "mode": "isolated"},
-                "controlPlaneEndpoint": endpoint,
-                "storagePool": {"path": plan.pool_path},
-            },
-        },
-        {
-            "apiVersion": f"{CAPI_GROUP}/v1beta2",
-            "kind": "Cluster",
-            "metadata": meta(name),
-            "spec": {
-                "clusterNetwork": {
-                    "pods": {"cidrBlocks": [POD_CIDR]},
-                    "services": {"cidrBlocks": [SERVICE_CIDR]},
-                },
-                "controlPlaneEndpoint": endpoint,
-                "controlPlaneRef": ref(
-                    _TESTBED_CP_GROUP, "TestbedControlPlane", plan.control_plane
-                ),
-                "infrastructureRef": ref(INFRA_GROUP, "LibvirtCluster", name),
-            },
-        },
-        {
-            "apiVersion": f"{INFRA_GROUP}/v1alpha1",
-            "kind": "LibvirtMachineTemplate",
-            "metadata": meta(worker_template),
-            "spec": {
-                "template": {
-                    "spec": {
-                        "cpus": plan.cpus,
-                        "memoryMiB": plan.memory_mib,
-                        "image": {"path": plan.image_path, "format": "qcow2"},
-                        "domainType": plan.domain_type,
-                    }
-                }
-            },
-        },
-        kubeadm_config_template(plan.md_ignition, "ignition"),
-        kubeadm_config_template(plan.md_cloud_config, "cloud-config"),
-        machine_deployment(plan.md_ignition, ignition_workers),
-        machine_deployment(plan.md_cloud_config, cloud_config_workers),
+        _testbed_control_plane(plan),
+        _libvirt_cluster(plan),
+        _cluster(plan),
+        _worker_template(plan),
+        _kubeadm_config_template(plan, plan.md_ignition, "ignition"),
+        _kubeadm_config_template(plan, plan.md_cloud_config, "cloud-config"),
+        _machine_deployment(plan, plan.md_ignition, ignition_workers),
+        _machine_deployment(plan, plan.md_cloud_config, cloud_config_workers),
     ]
+
+
+def _meta(plan: DemoPlan, name: str) -> dict[str, Any]:
+    labels = {"cluster.x-k8s.io/cluster-name": plan.name}
+    return {"name": name, "namespace": plan.namespace, "labels": labels}
+
+
+def _ref(group: str, kind: str, name: str) -> dict[str, str]:
+    return {"apiGroup": group, "kind": kind, "name": name}
+
+
+def _endpoint(plan: DemoPlan) -> dict[str, Any]:
+    return {"host": gateway(plan.cidr), "port": API_PORT}
+
+
+def _worker_template_name(plan: DemoPlan) -> str:
+    return f"{plan.name}-worker"
+
+
+def _testbed_control_plane(plan: DemoPlan) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{_TESTBED_CP_GROUP}/v1alpha1",
+        "kind": "TestbedControlPlane",
+        "metadata": _meta(plan, plan.control_plane),
+        "spec": {"version": plan.kubernetes_version, "controlPlaneEndpoint": _endpoint(plan)},
+    }
+
+
+def _libvirt_cluster(plan: DemoPlan) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{INFRA_GROUP}/v1alpha1",
+        "kind": "LibvirtCluster",
+        "metadata": _meta(plan, plan.name),
+        "spec": {
+            "hosts": [{"name": "local", "uri": plan.uri}],
+            "network": {"cidr": plan.cidr, "mode": "isolated"},
+            "controlPlaneEndpoint": _endpoint(plan),
+            "storagePool": {"path": plan.pool_path},
+        },
+    }
+
+
+def _cluster(plan: DemoPlan) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{CAPI_GROUP}/v1beta2",
+        "kind": "Cluster",
+        "metadata": _meta(plan, plan.name),
+        "spec": {
+            "clusterNetwork": {
+                "pods": {"cidrBlocks": [POD_CIDR]},
+                "services": {"cidrBlocks": [SERVICE_CIDR]},
+            },
+            "controlPlaneEndpoint": _endpoint(plan),
+            "controlPlaneRef": _ref(_TESTBED_CP_GROUP, "TestbedControlPlane", plan.control_plane),
+            "infrastructureRef": _ref(INFRA_GROUP, "LibvirtCluster", plan.name),
+        },
+    }
+
+
+def _worker_template(plan: DemoPlan) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{INFRA_GROUP}/v1alpha1",
+        "kind": "LibvirtMachineTemplate",
+        "metadata": _meta(plan, _worker_template_name(plan)),
+        "spec": {
+            "template": {
+                "spec": {
+                    "cpus": plan.cpus,
+                    "memoryMiB": plan.memory_mib,
+                    "image": {"path": plan.image_path, "format": "qcow2"},
+                    "domainType": plan.domain_type,
+                }
+            }
+        },
+    }
+
+
+def _kubeadm_config_template(plan: DemoPlan, name: str, fmt: str) -> dict[str, Any]:
+    join = {
+        "nodeRegistration": {"criSocket": _CRI_SOCKET, "imagePullPolicy": "Never"},
+        "timeouts": {"tlsBootstrapSeconds": 600, "kubeletHealthCheckSeconds": 600},
+    }
+    return {
+        "apiVersion": f"{_BOOTSTRAP_GROUP}/v1beta2",
+        "kind": "KubeadmConfigTemplate",
+        "metadata": _meta(plan, name),
+        "spec": {"template": {"spec": {"format": fmt, "joinConfiguration": join}}},
+    }
+
+
+def _machine_deployment(plan: DemoPlan, name: str, replicas: int) -> dict[str, Any]:
+    selector = {DEPLOYMENT_NAME_LABEL: name}
+    return {
+        "apiVersion": f"{CAPI_GROUP}/v1beta2",
+        "kind": "MachineDeployment",
+        "metadata": _meta(plan, name),
+        "spec": {
+            "clusterName": plan.name,
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": dict(selector)},
+                "spec": {
+                    "clusterName": plan.name,
+                    "version": plan.kubernetes_version,
+                    "bootstrap": {
+                        "configRef": _ref(_BOOTSTRAP_GROUP, "KubeadmConfigTemplate", name)
+                    },
+                    "infrastructureRef": _ref(
+                        INFRA_GROUP, "LibvirtMachineTemplate", _worker_template_name(plan)
+                    ),
+                },
+            },
+        },
+    }
 
 
 def testbed_manifests() -> list[dict[str, Any]]:

@@ -42,6 +42,7 @@ __all__ = [
     "layout_names",
     "machine_deployment",
     "resource_of",
+    "vm_objects",
     "write_crds",
 ]
 
@@ -79,47 +80,20 @@ CLOUD_CONFIG: Final = (
 
 def demo_objects(plan: DemoPlan) -> list[dict[str, Any]]:
     """Every API object of the demo cluster, in creation order."""
-    if plan.real_nodes:
-        return node_objects(plan)
-    ns, name = plan.namespace, plan.name
-    cluster_labels = {CLUSTER_NAME_LABEL: name}
-    cp_labels = {**cluster_labels, CONTROL_PLANE_LABEL: ""}
-    md_labels = {**cluster_labels, DEPLOYMENT_NAME_LABEL: plan.deployment}
-    infra_api = f"{INFRA_GROUP}/v1alpha1"
-    capi_api = f"{CAPI_GROUP}/v1beta2"
-    image: dict[str, Any] = {"url": plan.image_url, "format": "qcow2"}
-    if plan.image_sha256:
-        image["checksum"] = f"sha256:{plan.image_sha256}"
-    machine_spec = {
-        "cpus": plan.cpus,
-        "memoryMiB": plan.memory_mib,
-        "image": image,
-        "domainType": plan.domain_type,
-    }
+    return node_objects(plan) if plan.real_nodes else vm_objects(plan)
 
-    def meta(object_name: str, labels: Mapping[str, str]) -> dict[str, Any]:
-        return {"name": object_name, "namespace": ns, "labels": dict(labels)}
 
-    def secret(object_name: str, value: str, fmt: str) -> dict[str, Any]:
-        return {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": meta(object_name, cluster_labels),
-            "type": "cluster.x-k8s.io/secret",
-            "data": {"value": _b64(value), "format": _b64(fmt)},
-        }
-
-    def infra_ref(kind: str, object_name: str) -> dict[str, str]:
-        return {"apiGroup": INFRA_GROUP, "kind": kind, "name": object_name}
-
+def vm_objects(plan: DemoPlan) -> list[dict[str, Any]]:
+    """The VM-only cluster: bootstrap Secrets, the clusters, the control-plane machine, the
+    workers' template and MachineDeployment."""
     cp = plan.control_plane_machine
     return [
-        secret(f"{cp}-bootstrap", ignition_config(cp), "ignition"),
-        secret(f"{plan.deployment}-bootstrap", CLOUD_CONFIG, "cloud-config"),
+        _secret(plan, f"{cp}-bootstrap", ignition_config(cp), "ignition"),
+        _secret(plan, f"{plan.deployment}-bootstrap", CLOUD_CONFIG, "cloud-config"),
         {
-            "apiVersion": infra_api,
+            "apiVersion": _INFRA_API,
             "kind": "LibvirtCluster",
-            "metadata": meta(name, cluster_labels),
+            "metadata": _meta(plan, plan.name, _cluster_labels(plan)),
             "spec": {
                 "hosts": [{"name": HOST_NAME, "uri": plan.uri}],
                 "network": {"cidr": plan.cidr, "mode": "isolated"},
@@ -127,47 +101,103 @@ def demo_objects(plan: DemoPlan) -> list[dict[str, Any]]:
             },
         },
         {
-            "apiVersion": capi_api,
+            "apiVersion": _CAPI_API,
             "kind": "Cluster",
-            "metadata": meta(name, {}),
-            "spec": {"infrastructureRef": infra_ref("LibvirtCluster", name)},
+            "metadata": _meta(plan, plan.name, {}),
+            "spec": {"infrastructureRef": _infra_ref("LibvirtCluster", plan.name)},
         },
+        *_control_plane_machine(plan),
+        *_workers(plan),
+    ]
+
+
+_INFRA_API: Final = f"{INFRA_GROUP}/v1alpha1"
+_CAPI_API: Final = f"{CAPI_GROUP}/v1beta2"
+
+
+def _cluster_labels(plan: DemoPlan) -> dict[str, str]:
+    return {CLUSTER_NAME_LABEL: plan.name}
+
+
+def _meta(plan: DemoPlan, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    return {"name": name, "namespace": plan.namespace, "labels": dict(labels)}
+
+
+def _infra_ref(kind: str, name: str) -> dict[str, str]:
+    return {"apiGroup": INFRA_GROUP, "kind": kind, "name": name}
+
+
+def _secret(plan: DemoPlan, name: str, value: str, fmt: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(plan, name, _cluster_labels(plan)),
+        "type": "cluster.x-k8s.io/secret",
+        "data": {"value": _b64(value), "format": _b64(fmt)},
+    }
+
+
+def _machine_spec(plan: DemoPlan) -> dict[str, Any]:
+    image: dict[str, Any] = {"url": plan.image_url, "format": "qcow2"}
+    if plan.image_sha256:
+        image["checksum"] = f"sha256:{plan.image_sha256}"
+    return {
+        "cpus": plan.cpus,
+        "memoryMiB": plan.memory_mib,
+        "image": image,
+        "domainType": plan.domain_type,
+    }
+
+
+def _control_plane_machine(plan: DemoPlan) -> list[dict[str, Any]]:
+    """The LibvirtMachine and Machine of the control plane (bootstrapped with Ignition)."""
+    cp = plan.control_plane_machine
+    labels = {**_cluster_labels(plan), CONTROL_PLANE_LABEL: ""}
+    return [
         {
-            "apiVersion": infra_api,
+            "apiVersion": _INFRA_API,
             "kind": "LibvirtMachine",
-            "metadata": meta(cp, cp_labels),
-            "spec": machine_spec,
+            "metadata": _meta(plan, cp, labels),
+            "spec": _machine_spec(plan),
         },
         {
-            "apiVersion": capi_api,
+            "apiVersion": _CAPI_API,
             "kind": "Machine",
-            "metadata": meta(cp, cp_labels),
+            "metadata": _meta(plan, cp, labels),
             "spec": {
-                "clusterName": name,
+                "clusterName": plan.name,
                 "bootstrap": {"dataSecretName": f"{cp}-bootstrap"},
-                "infrastructureRef": infra_ref("LibvirtMachine", cp),
+                "infrastructureRef": _infra_ref("LibvirtMachine", cp),
             },
         },
+    ]
+
+
+def _workers(plan: DemoPlan) -> list[dict[str, Any]]:
+    """The workers' LibvirtMachineTemplate and MachineDeployment (bootstrapped with
+    cloud-config)."""
+    md_labels = {**_cluster_labels(plan), DEPLOYMENT_NAME_LABEL: plan.deployment}
+    return [
         {
-            "apiVersion": infra_api,
+            "apiVersion": _INFRA_API,
             "kind": "LibvirtMachineTemplate",
-            "metadata": meta(plan.deployment, cluster_labels),
-            "spec": {"template": {"spec": machine_spec}},
+            "metadata": _meta(plan, plan.deployment, _cluster_labels(plan)),
+            "spec": {"template": {"spec": _machine_spec(plan)}},
         },
         {
-            "apiVersion": capi_api,
+            "apiVersion": _CAPI_API,
             "kind": "MachineDeployment",
-            "metadata": meta(plan.deployment, cluster_labels),
+            "metadata": _meta(plan, plan.deployment, _cluster_labels(plan)),
             "spec": {
-                "clusterName": name,
+                "clusterName": plan.name,
                 "replicas": plan.workers,
                 "selector": {"matchLabels": md_labels},
                 "template": {
                     "metadata": {"labels": md_labels},
                     "spec": {
-                        "clusterName": name,
+                        "clusterName": plan.name,
                         "bootstrap": {"dataSecretName": f"{plan.deployment}-bootstrap"},
-                        "infrastructureRef": infra_ref("LibvirtMachineTemplate", plan.deployment),
+                        "infrastructureRef": _infra_ref("LibvirtMachineTemplate", plan.deployment),
                     },
                 },
             },

@@ -6,26 +6,15 @@ clean-up step derives from it: the cluster, its control-plane Machine (VM-only) 
 TestbedControlPlane (real nodes), the MachineDeployment(s), the workers' split between
 Ignition and cloud-config.
 
-The demo network is a /24 that overlaps no libvirt network on the host and no local route
-(``pick_cidr`` over ``local_routes`` of /proc/net/route), searched in 10.213.0.0/16 first;
-with real nodes the host's address on it (``gateway``) is the workload control plane's.
+The demo network (``capl.commands.demo.network``) is a /24; with real nodes the host's
+address on it (``gateway``) is the workload control plane's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
-import struct
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
-
-from capl.errors import (
-    CliError,
-)
-
-if TYPE_CHECKING:
-    pass
+from typing import Final
 
 __all__ = [
     "DemoOptions",
@@ -33,8 +22,6 @@ __all__ = [
     "gateway",
     "is_local_uri",
     "is_test_driver",
-    "local_routes",
-    "pick_cidr",
     "runs_here",
     "split_workers",
 ]
@@ -47,8 +34,6 @@ INFRA_GROUP: Final = "infrastructure.cluster.x-k8s.io"
 CONTROL_PLANE_LABEL: Final = "cluster.x-k8s.io/control-plane"
 CLUSTER_NAME_LABEL: Final = "cluster.x-k8s.io/cluster-name"
 DEPLOYMENT_NAME_LABEL: Final = "cluster.x-k8s.io/deployment-name"
-CIDR_SEARCH: Final = (ipaddress.IPv4Network("10.213.0.0/16"), ipaddress.IPv4Network("10.0.0.0/8"))
-"""Where the demo looks for a free /24, in order."""
 KUBERNETES_VERSION: Final = "v1.35.4"
 """What hack/node-bin.sh builds (hack/versions.env); `kubeadm version` says it at run time."""
 WORKER_CPUS: Final = 2
@@ -129,37 +114,6 @@ def is_local_uri(uri: str) -> bool:
     """A URI whose hypervisor runs on this machine (local routes matter for its networks)."""
     scheme, _, rest = uri.partition("://")
     return "+" not in scheme and not rest.split("/", 1)[0]
-
-
-def local_routes(proc_net_route: str) -> list[ipaddress.IPv4Network]:
-    """The destinations of /proc/net/route (little-endian hex), default route excluded."""
-    networks = []
-    for line in proc_net_route.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 8:
-            continue
-        try:
-            dest = ipaddress.IPv4Address(struct.pack("<I", int(fields[1], 16)))
-            mask = ipaddress.IPv4Address(struct.pack("<I", int(fields[7], 16)))
-        except ValueError:
-            continue
-        if int(mask) == 0:
-            continue
-        with contextlib.suppress(ValueError):
-            networks.append(ipaddress.IPv4Network(f"{dest}/{mask}", strict=False))
-    return networks
-
-
-def pick_cidr(
-    taken: Iterable[ipaddress.IPv4Network], *, search: Sequence[ipaddress.IPv4Network] = CIDR_SEARCH
-) -> str:
-    """The first /24 in ``search`` that overlaps none of ``taken``."""
-    busy = list(taken)
-    for space in search:
-        for candidate in space.subnets(new_prefix=24):
-            if not any(candidate.overlaps(other) for other in busy):
-                return str(candidate)
-    raise CliError("no free /24 for the demo network in 10.0.0.0/8: pass --network-cidr")
 
 
 def runs_here(uri: str) -> bool:

@@ -13,10 +13,7 @@ import json
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
-
-if TYPE_CHECKING:
-    pass
+from typing import Any, Final
 
 __all__ = ["other_demos", "pid_alive", "process_identity", "read_state", "write_state"]
 
