@@ -1,6 +1,10 @@
 """The operator subcommands of `capl` (status, console, demo, images); `capl.cli` mounts them.
 
-Each module exposes `register(subparsers)`; `REGISTRARS` lists them in help order.
+Each command (``demo``, a package, and ``status``, ``console``, ``images``) exposes
+`register(subparsers)`; `REGISTRARS` lists them in help order. What they share:
+``shared`` (argparse look, API flags, ``connect``, the default namespace, API errors as exit
+codes), ``status_report`` (the join of `capl status`, also the demo's live view) and
+``target`` (a machine's domain and how to reach its host, for `console` and `images`).
 """
 
 from __future__ import annotations

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from capl.commands.shared import add_api_flags, api_failure, connect, default_namespace, formatter
+from capl.commands.target import HostAccess, host_access
 from capl.errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, CliError
 
 if TYPE_CHECKING:
-    from capl.commands.console import HostAccess
     from capl.ports.virt import BaseImage, ImageSource
     from capl.virt import LibvirtHost
 
@@ -143,7 +143,6 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 async def _access(args: argparse.Namespace) -> HostAccess:
-    from capl.commands.console import HostAccess, host_access
 
     if args.cluster is None:
         if "://" not in args.host:
