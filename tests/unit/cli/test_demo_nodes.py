@@ -31,7 +31,7 @@ from capl.commands.demo.view import (
 )
 from capl.commands.status_report import build_report
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TEMPLATE = REPO / "templates" / "cluster-template-offline.yaml"
 
 
