@@ -184,7 +184,7 @@ async def _via_machine(client: KubeClient, namespace: str, name: str) -> dict[st
 async def _libvirt_cluster(
     client: KubeClient, lm: Mapping[str, Any], host_name: str
 ) -> dict[str, Any]:
-    from capl.commands.status_report import CLUSTER_NAME_LABEL
+    from capl.api.constants import CLUSTER_NAME_LABEL
     from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER
 
     namespace = str(lm["metadata"]["namespace"])
