@@ -27,6 +27,7 @@ from capl.errors import (
 )
 
 if TYPE_CHECKING:
+    from capl.testbed import Assets
     from capl.testbed.capi import CapiAssets
 
 __all__ = [
@@ -60,7 +61,7 @@ def _cached_versions(kind: str) -> list[Path]:
     return sorted((p for p in root.iterdir() if p.is_dir()), key=_version_key, reverse=True)
 
 
-def find_control_plane_assets() -> Any:
+def find_control_plane_assets() -> Assets:
     """$KUBEBUILDER_ASSETS, else the newest `make envtest` build in the cache."""
     from capl.testbed import AssetsMissing, find_assets
 
@@ -78,7 +79,7 @@ def find_control_plane_assets() -> Any:
     )
 
 
-def find_capi_assets() -> Any:
+def find_capi_assets() -> CapiAssets:
     """$CAPL_CAPI_DIR, else the newest `make capi` build in the cache."""
     from capl.testbed.capi import CAPI_DIR_ENV, CapiMissing, find_capi
 

@@ -67,6 +67,7 @@ from capl.errors import (
 
 if TYPE_CHECKING:
     from capl.commands.status_report import StatusReport
+    from capl.testbed import Assets
     from capl.testbed.capi import CapiAssets
 
 
@@ -81,8 +82,8 @@ class Interrupted(Exception):
 class _Parts:
     """What the run found on this machine before it started anything."""
 
-    assets: Any
-    """The control-plane binaries (capl.testbed's assets)."""
+    assets: Assets
+    """The control-plane binaries."""
     capi: CapiAssets
     nodes: NodeParts | None
     """Real nodes: what they need; None in VM-only mode."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from capl.commands.demo.image_server import ImageServer
@@ -59,7 +59,8 @@ class DemoState:
         self.failures: list[str] = []
         self.leftovers = False
         """Objects of the demo cluster could not be removed from the host."""
-        self.log_file: Any = None
+        self.log_file: TextIO | None = None
+        """capl manager's log (logs/capl-manager.log), while the demo runs."""
 
     @property
     def kubeconfig(self) -> Path:
