@@ -28,7 +28,7 @@ from capl.errors import (
 
 if TYPE_CHECKING:
     from capl.testbed import Assets
-    from capl.testbed.capi import CapiAssets
+    from capl.testbed.capibuild import CapiAssets
 
 __all__ = [
     "NodeParts",
@@ -81,7 +81,7 @@ def find_control_plane_assets() -> Assets:
 
 def find_capi_assets() -> CapiAssets:
     """$CAPL_CAPI_DIR, else the newest `make capi` build in the cache."""
-    from capl.testbed.capi import CAPI_DIR_ENV, CapiMissing, find_capi
+    from capl.testbed.capibuild import CAPI_DIR_ENV, CapiMissing, find_capi
 
     if os.environ.get(CAPI_DIR_ENV):
         try:
@@ -167,7 +167,7 @@ class NodeParts:
     def find(cls, *, image: Path, envtest: Path, capi: CapiAssets, cache: Path) -> NodeParts:
         """The parts; CliError when a binary is missing (the node binaries, the kubeadm
         bootstrap provider's build)."""
-        from capl.testbed.capi import CapiMissing
+        from capl.testbed.capibuild import CapiMissing
         from capl.testbed.hostedcp import HostedControlPlaneError, find_node_assets
         from capl.testbed.kubeadm_providers import require_kubeadm_providers
 

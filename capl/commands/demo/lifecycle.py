@@ -68,7 +68,7 @@ from capl.errors import (
 if TYPE_CHECKING:
     from capl.commands.status_report import StatusReport
     from capl.testbed import Assets
-    from capl.testbed.capi import CapiAssets
+    from capl.testbed.capibuild import CapiAssets
 
 
 __all__ = ["Demo", "Interrupted"]
