@@ -1,0 +1,260 @@
+"""Domains: what a machine's VM is made of, what capl reads back, and the domain part of the
+``Host`` port."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+from capl.ports.virt.identity import DomainOwner, HostId
+from capl.ports.virt.storage import VolumeFormat
+
+__all__ = [
+    "AddressSource",
+    "DiskBus",
+    "DiskDevice",
+    "DiskSpec",
+    "DomainInfo",
+    "DomainNic",
+    "DomainSpec",
+    "DomainState",
+    "Firmware",
+    "FwCfgEntry",
+    "GuestFile",
+    "GuestFileState",
+    "HostDomains",
+    "InterfaceAddress",
+    "NicSpec",
+    "StopResult",
+]
+
+
+class Firmware(enum.StrEnum):
+    BIOS = "bios"
+    UEFI = "uefi"
+
+
+class DiskDevice(enum.StrEnum):
+    DISK = "disk"
+    CDROM = "cdrom"
+
+
+class DiskBus(enum.StrEnum):
+    """``scsi`` gets a virtio-scsi controller; ``ide`` works on the ``pc`` machine type only;
+    ``sata`` needs an AHCI driver in the guest."""
+
+    VIRTIO = "virtio"
+    SCSI = "scsi"
+    SATA = "sata"
+    IDE = "ide"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiskSpec:
+    path: str
+    format: VolumeFormat = VolumeFormat.QCOW2
+    device: DiskDevice = DiskDevice.DISK
+    bus: DiskBus = DiskBus.VIRTIO
+    readonly: bool = False
+    serial: str | None = None
+    boot_order: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NicSpec:
+    """Exactly one of ``network`` (a libvirt network) or ``bridge`` (a host bridge)."""
+
+    mac: str
+    network: str | None = None
+    bridge: str | None = None
+    model: str = "virtio"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FwCfgEntry:
+    """A QEMU fw_cfg blob from a file on the host (``opt/com.coreos/config`` for Ignition)."""
+
+    name: str
+    file: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DomainSpec:
+    name: str
+    uuid: str
+    owner: DomainOwner
+    vcpus: int
+    memory_mib: int
+    domain_type: str = "kvm"
+    arch: str = "x86_64"
+    machine: str | None = None
+    """QEMU machine type ("q35", "pc"); None lets libvirt pick its default."""
+    title: str | None = None
+    description: str | None = None
+    disks: tuple[DiskSpec, ...] = ()
+    nics: tuple[NicSpec, ...] = ()
+    firmware: Firmware = Firmware.BIOS
+    uefi_loader: str | None = None
+    """UEFI code path; None lets libvirt auto-select the firmware (``<os firmware='efi'>``)."""
+    uefi_nvram_template: str | None = None
+    fw_cfg: tuple[FwCfgEntry, ...] = ()
+    console_log: str | None = None
+    """File the serial console is logged to (host path, e.g. in the pool directory)."""
+    guest_agent: bool = True
+    cpu_mode: str | None = None
+    """"host-passthrough", "host-model", "maximum"; None: libvirt's default for the type."""
+    smbios_product: str = "capl"
+
+
+class DomainState(enum.StrEnum):
+    NOSTATE = "nostate"
+    RUNNING = "running"
+    BLOCKED = "blocked"
+    PAUSED = "paused"
+    SHUTDOWN = "shutdown"
+    """Being shut down."""
+    SHUTOFF = "shutoff"
+    CRASHED = "crashed"
+    PMSUSPENDED = "pmsuspended"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DomainInfo:
+    host_id: HostId
+    name: str
+    uuid: str
+    state: DomainState
+    reason: str
+    """The state reason in lower case as libvirt names it ("booted", "destroyed", ...)."""
+    persistent: bool
+    autostart: bool
+    owner: DomainOwner | None
+    """The capl metadata tag, None on a domain capl did not create."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DomainNic:
+    """A NIC of a defined domain as its persistent definition has it (guest order).
+
+    The MAC is the one the guest uses, which may be a collision fallback rather than the
+    first derived candidate: a caller that restores a DHCP reservation takes it from here."""
+
+    mac: str
+    """Lower case, colon separated."""
+    network: str | None = None
+    """The libvirt network (``<interface type='network'>``), else None."""
+    bridge: str | None = None
+    """The host bridge (``<interface type='bridge'>``), else None."""
+
+
+class StopResult(enum.StrEnum):
+    ALREADY_STOPPED = "already-stopped"
+    SHUTDOWN = "shutdown"
+    """Stopped by the guest after an ACPI power-button press within the timeout."""
+    DESTROYED = "destroyed"
+
+
+class AddressSource(enum.StrEnum):
+    LEASE = "lease"
+    AGENT = "agent"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InterfaceAddress:
+    mac: str
+    ip: str
+    prefix: int
+    source: AddressSource
+    interface: str | None = None
+    family: int = 4
+
+
+class GuestFileState(enum.StrEnum):
+    """What asking the guest agent for a file found (``read_guest_file``)."""
+
+    PRESENT = "present"
+    ABSENT = "absent"
+    """The agent answered: no such file."""
+    AGENT_UNAVAILABLE = "agent-unavailable"
+    """The agent is not connected or does not answer (yet): it may later (still booting, or
+    the guest runs no agent at all; the host cannot tell those apart)."""
+    UNSUPPORTED = "unsupported"
+    """Asking again will not help: the driver has no guest agent support (the test driver),
+    the domain has no agent channel, or the agent refuses file commands."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuestFile:
+    state: GuestFileState
+    data: bytes = b""
+    """PRESENT: the first bytes of the file (at most the limit asked for)."""
+    detail: str = ""
+    """Why the agent is unavailable or unsupported (libvirt's text), for debug logs."""
+
+
+class HostDomains(Protocol):
+    """The domain operations of a ``Host``."""
+
+    async def define_domain(self, spec: DomainSpec) -> DomainInfo:
+        """Define (persistent) and set autostart. Existing domain with ``spec.uuid`` and our
+        tag: returned unchanged. A name or UUID held by a foreign domain:
+        ForeignDomainError."""
+        ...
+
+    async def get_domain(self, uuid: str) -> DomainInfo | None: ...
+
+    async def find_domain(self, name: str) -> DomainInfo | None:
+        """The domain called ``name``, whoever owns it (``owner`` None: not capl's); None
+        when no domain has that name. Lets a caller detect a name collision before it
+        creates anything."""
+        ...
+
+    async def start_domain(self, uuid: str, *, owner: DomainOwner) -> DomainInfo:
+        """Start if not running (running: no-op); resumes a paused domain."""
+        ...
+
+    async def request_shutdown(self, uuid: str, *, owner: DomainOwner) -> None:
+        """ACPI power button; returns at once."""
+        ...
+
+    async def stop_domain(
+        self, uuid: str, *, owner: DomainOwner, grace_period: float
+    ) -> StopResult:
+        """Graceful shutdown, waiting up to ``grace_period`` seconds, then destroy."""
+        ...
+
+    async def destroy_domain(self, uuid: str, *, owner: DomainOwner) -> bool: ...
+
+    async def undefine_domain(self, uuid: str, *, owner: DomainOwner) -> bool:
+        """Destroy if running, then undefine with NVRAM, snapshot, checkpoint and
+        managed-save metadata; not found: False."""
+        ...
+
+    async def retag_domain(self, uuid: str, *, owner: DomainOwner) -> DomainInfo:
+        """Rewrite the capl tag with ``owner`` (same cluster/namespace/name, new UID: after
+        ``clusterctl move``). A different identity raises ForeignDomainError."""
+        ...
+
+    async def list_domains(self, *, cluster: str | None = None) -> list[DomainInfo]:
+        """Domains with a capl tag (of ``cluster`` when given)."""
+        ...
+
+    async def domain_addresses(self, uuid: str) -> list[InterfaceAddress]:
+        """DHCP lease and guest agent addresses, merged (one entry per source and IP)."""
+        ...
+
+    async def domain_nics(self, uuid: str) -> list[DomainNic]:
+        """The NICs of the domain's persistent definition, in guest order (one read, no
+        change). DomainNotFound when the domain does not exist."""
+        ...
+
+    async def read_guest_file(self, uuid: str, path: str, *, limit: int = 4096) -> GuestFile:
+        """Read ``path`` inside the running guest through qemu-guest-agent (guest-file-open,
+        -read, -close; at most ``limit`` bytes; a short time limit per agent command). An
+        agent that is missing, not connected, slow or refuses file commands is a state of
+        the answer, not an error (see ``GuestFileState``); a domain that is not running
+        counts as AGENT_UNAVAILABLE. DomainNotFound when the domain does not exist. The
+        content may be secret material: it is never logged."""
+        ...
