@@ -9,6 +9,9 @@ implements ``capl.ports.virt.Host``. Module map:
 - ``events``: the libvirt event loop thread and the fan-out to asyncio loops;
 - ``uri``: URI validation/redaction and credential files (ssh keys, known_hosts, TLS);
 - ``storage``, ``network``, ``domain``, ``images``: blocking operations per object kind;
+- ``pools``: the storage pool drivers, one module per pool type behind ``pools.base.PoolDriver``
+  (``pools.directory``: dir pools of file volumes); they write the pool and volume XML and
+  each disk's ``<source>``;
 - ``domainxml``, ``networkxml``, ``storagexml``, ``xmlutil``: typed XML builders/parsers;
 - ``errors``, ``states``, ``support``: error mapping, state names, worker-thread helpers.
 """

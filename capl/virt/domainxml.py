@@ -2,7 +2,9 @@
 
 Choices baked into every domain (see libvirt-notes.md and testbed-facts.md for why):
 
-- ``<disk type='file'>`` with the volume's path (AppArmor cannot resolve ``type='volume'``);
+- each disk's type and ``<source>`` from the driver of the pool its volume lives in
+  (``capl.virt.pools``): ``<disk type='file'>`` with the volume's path for a directory pool
+  (AppArmor cannot resolve ``type='volume'``);
 - ``<features><acpi/><apic/></features>``: ACPI is needed for graceful shutdown and for the
   guest to see fw_cfg entries;
 - Ignition and other fw_cfg blobs as ``<sysinfo type='fwcfg'>`` entries pointing at files;
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import uuid as uuidlib
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 
 from capl.ports.errors import InvalidSpec
 from capl.ports.naming import normalize_mac
@@ -33,6 +36,7 @@ from capl.ports.virt import (
     NicSpec,
     VolumeFormat,
 )
+from capl.virt.pools import POOL_DRIVERS, PoolDriver, pool_driver
 from capl.virt.xmlutil import capl_tag, line, parse, serialize, sub, text
 
 __all__ = [
@@ -121,16 +125,23 @@ def _check_uuid(value: str) -> str:
         raise InvalidSpec(f"domain UUID {value!r} is not a UUID") from None
 
 
-def _disk(devices: ET.Element, disk: DiskSpec, target: str, index: int) -> None:
+def _disk(
+    devices: ET.Element,
+    disk: DiskSpec,
+    target: str,
+    index: int,
+    drivers: Mapping[str, PoolDriver],
+) -> None:
     field = f"disk {index}"
     if disk.device is DiskDevice.CDROM and disk.bus is DiskBus.VIRTIO:
         raise InvalidSpec(f"{field}: a cdrom cannot sit on the virtio bus (use sata or scsi)")
-    element = sub(devices, "disk", type="file", device=disk.device.value)
+    source = pool_driver(disk.pool_type, drivers).disk_source(disk, field=field)
+    element = sub(devices, "disk", type=source.disk_type, device=disk.device.value)
     driver_type = "raw" if disk.format is VolumeFormat.ISO else disk.format.value
     driver = sub(element, "driver", name="qemu", type=driver_type)
     if disk.device is DiskDevice.DISK and not disk.readonly:
         driver.set("discard", "unmap")
-    sub(element, "source", file=line(disk.path, field=f"{field} path"))
+    element.append(source.source)
     sub(element, "target", dev=target, bus=disk.bus.value)
     if disk.readonly or disk.device is DiskDevice.CDROM:
         sub(element, "readonly")
@@ -156,13 +167,8 @@ def _nic(devices: ET.Element, nic: NicSpec, index: int) -> None:
     sub(element, "model", type=line(nic.model, field=f"{field} model"))
 
 
-def build_domain_xml(spec: DomainSpec) -> str:
-    if spec.vcpus < 1:
-        raise InvalidSpec(f"vcpus must be at least 1, got {spec.vcpus}")
-    if spec.memory_mib < 16:
-        raise InvalidSpec(f"memory must be at least 16 MiB, got {spec.memory_mib}")
-    domain_uuid = _check_uuid(spec.uuid)
-    root = ET.Element("domain", type=line(spec.domain_type, field="domain type"))
+def _identity(root: ET.Element, spec: DomainSpec, domain_uuid: str) -> None:
+    """Name, UUID, title, description, the owner tag, memory and vCPUs."""
     sub(root, "name", line(spec.name, field="domain name"))
     sub(root, "uuid", domain_uuid)
     if spec.title:
@@ -175,21 +181,28 @@ def build_domain_xml(spec: DomainSpec) -> str:
     sub(root, "currentMemory", str(spec.memory_mib), unit="MiB")
     sub(root, "vcpu", str(spec.vcpus), placement="static")
 
+
+def _sysinfo(root: ET.Element, spec: DomainSpec, domain_uuid: str) -> None:
+    """The SMBIOS system entries and the fw_cfg blobs (each name once)."""
     smbios = sub(root, "sysinfo", type="smbios")
     system = sub(smbios, "system")
     sub(system, "entry", "capl", name="manufacturer")
     sub(system, "entry", line(spec.smbios_product, field="SMBIOS product"), name="product")
     sub(system, "entry", domain_uuid, name="uuid")
-    if spec.fw_cfg:
-        fwcfg = sub(root, "sysinfo", type="fwcfg")
-        seen: set[str] = set()
-        for entry in spec.fw_cfg:
-            name = line(entry.name, field="fw_cfg entry name")
-            if name in seen:
-                raise InvalidSpec(f"fw_cfg entry {name!r} given twice")
-            seen.add(name)
-            sub(fwcfg, "entry", name=name, file=line(entry.file, field=f"fw_cfg {name} file"))
+    if not spec.fw_cfg:
+        return
+    fwcfg = sub(root, "sysinfo", type="fwcfg")
+    seen: set[str] = set()
+    for entry in spec.fw_cfg:
+        name = line(entry.name, field="fw_cfg entry name")
+        if name in seen:
+            raise InvalidSpec(f"fw_cfg entry {name!r} given twice")
+        seen.add(name)
+        sub(fwcfg, "entry", name=name, file=line(entry.file, field=f"fw_cfg {name} file"))
 
+
+def _os(root: ET.Element, spec: DomainSpec) -> None:
+    """``<os>``: type, arch and machine, the firmware, boot order, SMBIOS from sysinfo."""
     os_element = sub(root, "os")
     os_type = sub(os_element, "type", "hvm", arch=line(spec.arch, field="arch"))
     if spec.machine:
@@ -215,6 +228,9 @@ def build_domain_xml(spec: DomainSpec) -> str:
         sub(os_element, "boot", dev="hd")
     sub(os_element, "smbios", mode="sysinfo")
 
+
+def _platform(root: ET.Element, spec: DomainSpec) -> None:
+    """Features, CPU mode, clock and the lifecycle actions."""
     features = sub(root, "features")
     sub(features, "acpi")
     sub(features, "apic")
@@ -225,11 +241,15 @@ def build_domain_xml(spec: DomainSpec) -> str:
     sub(root, "on_reboot", "restart")
     sub(root, "on_crash", "restart")
 
+
+def _devices(root: ET.Element, spec: DomainSpec, drivers: Mapping[str, PoolDriver]) -> None:
+    """Disks (named per bus: vda, sda, hda...), NICs, the serial console, the agent channel,
+    RNG and balloon."""
     devices = sub(root, "devices")
     counters = {"vd": 0, "sd": 0, "hd": 0}
     for index, disk in enumerate(spec.disks):
         prefix = {DiskBus.VIRTIO: "vd", DiskBus.IDE: "hd"}.get(disk.bus, "sd")
-        _disk(devices, disk, _device_name(prefix, counters[prefix]), index)
+        _disk(devices, disk, _device_name(prefix, counters[prefix]), index, drivers)
         counters[prefix] += 1
     if any(disk.bus is DiskBus.SCSI for disk in spec.disks):
         sub(devices, "controller", type="scsi", index="0", model="virtio-scsi")
@@ -247,4 +267,20 @@ def build_domain_xml(spec: DomainSpec) -> str:
     rng = sub(devices, "rng", model="virtio")
     sub(rng, "backend", "/dev/urandom", model="random")
     sub(devices, "memballoon", model="virtio")
+
+
+def build_domain_xml(spec: DomainSpec, *, drivers: Mapping[str, PoolDriver] = POOL_DRIVERS) -> str:
+    """The domain definition of ``spec``; ``drivers``: the pool drivers by pool type, which
+    write each disk's source (tests pass others)."""
+    if spec.vcpus < 1:
+        raise InvalidSpec(f"vcpus must be at least 1, got {spec.vcpus}")
+    if spec.memory_mib < 16:
+        raise InvalidSpec(f"memory must be at least 16 MiB, got {spec.memory_mib}")
+    domain_uuid = _check_uuid(spec.uuid)
+    root = ET.Element("domain", type=line(spec.domain_type, field="domain type"))
+    _identity(root, spec, domain_uuid)
+    _sysinfo(root, spec, domain_uuid)
+    _os(root, spec)
+    _platform(root, spec)
+    _devices(root, spec, drivers)
     return serialize(root)

@@ -59,6 +59,7 @@ from capl.virt import network as networks
 from capl.virt.connection import HostConnection
 from capl.virt.errors import is_unsupported_flags
 from capl.virt.images import ImageImporter
+from capl.virt.pools import PoolDrivers
 from capl.virt.storagexml import DomainCaps, parse_domain_caps, parse_host_caps
 from capl.virt.support import LockTable
 
@@ -88,6 +89,7 @@ class LibvirtHost:
         self._conn = connection
         self._importer = importer
         self._locks = LockTable()
+        self._pools = PoolDrivers()
         self._networks = networks.NetworkCache()
         self._static: (
             tuple[str, str, str, str, str, tuple[str, ...], DomainCaps, tuple[Any, ...]] | None
@@ -178,13 +180,13 @@ class LibvirtHost:
     async def ensure_pool(self, spec: PoolSpec) -> PoolInfo:
         def op(c: Any) -> PoolInfo:
             with self._locks.get("pool", spec.name):
-                return storage.ensure_pool(c, spec)
+                return storage.ensure_pool(c, spec, drivers=self._pools)
 
         return await self._serial("pool", spec.name, f"ensure storage pool {spec.name}", op)
 
     async def get_pool(self, name: str) -> PoolInfo | None:
         return await self._conn.run(
-            f"read storage pool {name}", lambda c: storage.get_pool(c, name)
+            f"read storage pool {name}", lambda c: storage.get_pool(c, name, drivers=self._pools)
         )
 
     async def delete_pool(self, *, name: str, owner: ClusterOwner) -> bool:
@@ -198,7 +200,7 @@ class LibvirtHost:
         # an import copies or downloads a whole image: its calls get the long time limit
         with self._conn.long_calls():
             return await self._importer.ensure(
-                self._conn, self._locks, pool=pool, name=name, source=source
+                self._conn, self._locks, self._pools, pool=pool, name=name, source=source
             )
 
     async def create_overlay(
@@ -213,6 +215,7 @@ class LibvirtHost:
                     c,
                     pool,
                     name,
+                    drivers=self._pools,
                     capacity_bytes=max(capacity_bytes, backing.virtual_size_bytes),
                     format=VolumeFormat.QCOW2,
                     backing_path=base.path,
@@ -235,7 +238,7 @@ class LibvirtHost:
         def op(c: Any) -> VolumeInfo:
             with self._locks.get("pool", pool):
                 return storage.create_volume(
-                    c, pool, name, capacity_bytes=capacity_bytes, format=format
+                    c, pool, name, drivers=self._pools, capacity_bytes=capacity_bytes, format=format
                 )
 
         return await self._serial("pool", pool, f"create volume {name} in pool {pool}", op)
@@ -243,7 +246,7 @@ class LibvirtHost:
     async def upload_volume(self, *, pool: str, name: str, data: bytes) -> VolumeInfo:
         def op(c: Any) -> VolumeInfo:
             with self._locks.get("pool", pool):
-                return storage.upload_bytes(c, pool, name, data)
+                return storage.upload_bytes(c, pool, name, data, drivers=self._pools)
 
         return await self._conn.run(
             f"upload volume {name} to pool {pool}",

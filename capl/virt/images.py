@@ -54,7 +54,8 @@ from capl.ports.virt import (
     VolumeInfo,
 )
 from capl.virt import storage
-from capl.virt.storagexml import build_pool_xml, build_volume_xml
+from capl.virt.pools import PoolDrivers, VolumeRequest
+from capl.virt.pools.directory import build_pool_xml
 from capl.virt.support import code_of, lookup, retry_busy
 
 if TYPE_CHECKING:
@@ -109,6 +110,7 @@ class ImageImporter:
         self,
         conn: HostConnection,
         locks: LockTable,
+        drivers: PoolDrivers,
         *,
         pool: str,
         name: str,
@@ -122,7 +124,7 @@ class ImageImporter:
                 future = self._inflight[key] = concurrent.futures.Future()
         if starter:
             task = asyncio.get_running_loop().create_task(
-                self._run(conn, locks, key, future, pool=pool, name=name, source=source)
+                self._run(conn, locks, drivers, key, future, pool=pool, name=name, source=source)
             )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -132,6 +134,7 @@ class ImageImporter:
         self,
         conn: HostConnection,
         locks: LockTable,
+        drivers: PoolDrivers,
         key: tuple[HostId, str, str],
         future: concurrent.futures.Future[BaseImage],
         *,
@@ -140,7 +143,7 @@ class ImageImporter:
         source: ImageSource,
     ) -> None:
         try:
-            result = await _import(conn, locks, pool=pool, name=name, source=source)
+            result = await _import(conn, locks, drivers, pool=pool, name=name, source=source)
         except asyncio.CancelledError:
             future.set_exception(ImageError(f"import of {name} into pool {pool} was interrupted"))
             raise
@@ -156,6 +159,7 @@ class ImageImporter:
 async def _import(
     conn: HostConnection,
     locks: LockTable,
+    drivers: PoolDrivers,
     *,
     pool: str,
     name: str,
@@ -172,18 +176,20 @@ async def _import(
     if existing is not None:
         return existing
     if isinstance(source, ImageFromURL):
-        image = await _download(conn, locks, pool=pool, name=name, source=source)
+        image = await _download(conn, locks, drivers, pool=pool, name=name, source=source)
     elif isinstance(source, ImageFromPath):
         image = await conn.run(
             f"copy image {source.path} into pool {pool}",
-            lambda c: _copy_from_path(c, locks, pool, name, source),
+            lambda c: _copy_from_path(c, locks, drivers, pool, name, source),
         )
     else:
         image = await conn.run(
             f"clone volume {source.name} into pool {pool}",
-            lambda c: _clone_volume(c, locks, pool, name, source),
+            lambda c: _clone_volume(c, locks, drivers, pool, name, source),
         )
-    await conn.run(f"mark base image {name} complete", lambda c: _mark(c, locks, pool, marker))
+    await conn.run(
+        f"mark base image {name} complete", lambda c: _mark(c, locks, drivers, pool, marker)
+    )
     log.info("base image %s imported into pool %s on %s", name, pool, conn.host_id)
     return image
 
@@ -224,9 +230,11 @@ def _complete_or_reset(
         return None
 
 
-def _mark(c: Any, locks: LockTable, pool_name: str, marker: str) -> None:
+def _mark(c: Any, locks: LockTable, drivers: PoolDrivers, pool_name: str, marker: str) -> None:
     with locks.get("pool", pool_name):
-        storage.create_volume(c, pool_name, marker, capacity_bytes=0, format=VolumeFormat.RAW)
+        storage.create_volume(
+            c, pool_name, marker, drivers=drivers, capacity_bytes=0, format=VolumeFormat.RAW
+        )
 
 
 def _delete_quietly(c: Any, locks: LockTable, pool_name: str, name: str) -> None:
@@ -238,7 +246,13 @@ def _delete_quietly(c: Any, locks: LockTable, pool_name: str, name: str) -> None
 
 
 async def _download(
-    conn: HostConnection, locks: LockTable, *, pool: str, name: str, source: ImageFromURL
+    conn: HostConnection,
+    locks: LockTable,
+    drivers: PoolDrivers,
+    *,
+    pool: str,
+    name: str,
+    source: ImageFromURL,
 ) -> BaseImage:
     shown = redact_url(source.url)
     expected = (source.sha256 or "").strip().lower() or None
@@ -249,7 +263,7 @@ async def _download(
             f"sha256 {source.sha256!r} for {shown} is not 64 hex digits",
             reason="ImageChecksumInvalid",
         )
-    upload = _Upload(conn, locks, pool=pool, name=name)
+    upload = _Upload(conn, locks, drivers, pool=pool, name=name)
     try:
         try:
             image_format, virtual, total = await _stream_into(upload, source, shown, expected)
@@ -330,9 +344,12 @@ async def _stream_into(
 class _Upload:
     """The target volume and its upload stream; ``discard`` undoes everything."""
 
-    def __init__(self, conn: HostConnection, locks: LockTable, *, pool: str, name: str) -> None:
+    def __init__(
+        self, conn: HostConnection, locks: LockTable, drivers: PoolDrivers, *, pool: str, name: str
+    ) -> None:
         self._conn = conn
         self._locks = locks
+        self._drivers = drivers
         self._pool = pool
         self._name = name
         self._stream: Any = None
@@ -341,7 +358,9 @@ class _Upload:
     async def begin(self, *, size_hint: int, length: int | None) -> None:
         self._stream = await self._conn.run(
             f"create volume {self._name} in pool {self._pool}",
-            lambda c: _begin_upload(c, self._locks, self._pool, self._name, size_hint, length),
+            lambda c: _begin_upload(
+                c, self._locks, self._drivers, self._pool, self._name, size_hint, length
+            ),
         )
         self._created = True
 
@@ -381,14 +400,22 @@ async def _abort(conn: HostConnection, stream: Any) -> None:
 
 
 def _begin_upload(
-    c: Any, locks: LockTable, pool_name: str, name: str, size_hint: int, length: int | None
+    c: Any,
+    locks: LockTable,
+    drivers: PoolDrivers,
+    pool_name: str,
+    name: str,
+    size_hint: int,
+    length: int | None,
 ) -> Any:
     """Create the target volume and open its upload stream (None on the test driver)."""
     test_driver = storage.is_test_driver(c)
     with locks.get("pool", pool_name):
         pool = storage.lookup_pool(c, pool_name)
-        xml = build_volume_xml(
-            name=name, capacity_bytes=size_hint if test_driver else 0, format=VolumeFormat.RAW
+        xml = drivers.of(pool).volume_xml(
+            VolumeRequest(
+                name=name, capacity_bytes=size_hint if test_driver else 0, format=VolumeFormat.RAW
+            )
         )
         volume = retry_busy(lambda: pool.createXML(xml, 0))
     if test_driver:
@@ -443,6 +470,7 @@ def _destroy_quietly(pool: Any) -> None:
 def _clone_into(
     c: Any,
     locks: LockTable,
+    drivers: PoolDrivers,
     pool_name: str,
     name: str,
     source_volume: Any,
@@ -450,9 +478,10 @@ def _clone_into(
 ) -> BaseImage:
     source_info = storage.volume_info(source_volume, pool="")
     fmt = declared or (VolumeFormat.QCOW2 if source_info.format == "qcow2" else VolumeFormat.RAW)
-    xml = build_volume_xml(name=name, capacity_bytes=source_info.capacity_bytes, format=fmt)
+    request = VolumeRequest(name=name, capacity_bytes=source_info.capacity_bytes, format=fmt)
     with locks.get("pool", pool_name):
         pool = storage.lookup_pool(c, pool_name)
+        xml = drivers.of(pool).volume_xml(request)
         try:
             volume = retry_busy(lambda: pool.createXMLFrom(xml, source_volume, 0))
         except BaseException:
@@ -463,7 +492,7 @@ def _clone_into(
 
 
 def _copy_from_path(
-    c: Any, locks: LockTable, pool_name: str, name: str, source: ImageFromPath
+    c: Any, locks: LockTable, drivers: PoolDrivers, pool_name: str, name: str, source: ImageFromPath
 ) -> BaseImage:
     with locks.get("import", source.path):
         try:
@@ -475,14 +504,19 @@ def _copy_from_path(
                 reason="ImageNotFound",
             ) from exc
         try:
-            return _clone_into(c, locks, pool_name, name, volume, source.format)
+            return _clone_into(c, locks, drivers, pool_name, name, volume, source.format)
         finally:
             if transient is not None:
                 _destroy_quietly(transient)
 
 
 def _clone_volume(
-    c: Any, locks: LockTable, pool_name: str, name: str, source: ImageFromVolume
+    c: Any,
+    locks: LockTable,
+    drivers: PoolDrivers,
+    pool_name: str,
+    name: str,
+    source: ImageFromVolume,
 ) -> BaseImage:
     assert source.pool is not None
     try:
@@ -495,4 +529,4 @@ def _clone_volume(
             f"base image volume {source.name!r} does not exist in pool {source.pool!r}",
             reason="ImageNotFound",
         )
-    return _clone_into(c, locks, pool_name, name, volume, None)
+    return _clone_into(c, locks, drivers, pool_name, name, volume, None)

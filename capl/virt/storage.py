@@ -9,6 +9,10 @@ Volume operations on one pool are serialized (a per-pool lock) and retried while
 reports "pool has asynchronous jobs running" (a clone or volume build in progress makes
 refresh/delete/destroy of the pool fail).
 
+What depends on the pool type (the ``<pool>`` and ``<volume>`` XML, whether an existing pool
+can be adopted) comes from the pool's driver (``capl.virt.pools``): the spec's type for a new
+pool, the existing pool's own type (remembered per host in ``PoolDrivers``) for volumes.
+
 Uploads stream the payload with ``virStorageVolUpload``; the test driver has no upload
 support, so there (and only there) the volume is created with the payload's size and no
 content: the test driver stores metadata only anyway.
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +30,8 @@ import libvirt
 from capl.ports.errors import AlreadyExists, PoolNotFound, StorageError, Unsupported
 from capl.ports.naming import POOL_OWNER_MARKER_PREFIX, is_capl_name, pool_owner_marker
 from capl.ports.virt import ClusterOwner, PoolInfo, PoolSpec, VolumeFormat, VolumeInfo, VolumeRef
-from capl.virt.storagexml import build_pool_xml, build_volume_xml, parse_pool_xml, parse_volume_xml
+from capl.virt.pools import PoolDriver, PoolDrivers, VolumeRequest
+from capl.virt.storagexml import parse_pool_xml, parse_volume_xml
 from capl.virt.support import code_of, ignore_codes, lookup, retry_busy
 
 __all__ = [
@@ -64,12 +68,9 @@ def lookup_volume(pool: Any, name: str) -> Any | None:
     return lookup(lambda: pool.storageVolLookupByName(name), _NO_VOL)
 
 
-def _norm(path: str) -> str:
-    return os.path.normpath(path) if path else path
-
-
-def pool_info(pool: Any, *, created: bool = False) -> PoolInfo:
+def pool_info(pool: Any, *, drivers: PoolDrivers, created: bool = False) -> PoolInfo:
     parsed = parse_pool_xml(pool.XMLDesc(0))
+    drivers.note(parsed.uuid, parsed.pool_type)
     state, capacity, allocation, available = pool.info()
     active = state == libvirt.VIR_STORAGE_POOL_RUNNING
     markers: tuple[str, ...] = ()
@@ -93,26 +94,26 @@ def pool_info(pool: Any, *, created: bool = False) -> PoolInfo:
     )
 
 
-def _create_marker(pool: Any, owner: ClusterOwner) -> None:
+def _create_marker(pool: Any, owner: ClusterOwner, driver: PoolDriver) -> None:
     marker = pool_owner_marker(namespace=owner.namespace, name=owner.name)
     if lookup_volume(pool, marker) is None:
-        xml = build_volume_xml(name=marker, capacity_bytes=0, format=VolumeFormat.RAW)
+        xml = driver.volume_xml(
+            VolumeRequest(name=marker, capacity_bytes=0, format=VolumeFormat.RAW)
+        )
         retry_busy(lambda: pool.createXML(xml, 0))
 
 
-def ensure_pool(c: Any, spec: PoolSpec) -> PoolInfo:
+def ensure_pool(c: Any, spec: PoolSpec, *, drivers: PoolDrivers) -> PoolInfo:
+    driver = drivers.for_type(spec.pool_type)
     pool = lookup(lambda: c.storagePoolLookupByName(spec.name), _NO_POOL)
     if pool is not None:
-        parsed = parse_pool_xml(pool.XMLDesc(0))
-        if _norm(parsed.path) != _norm(spec.path):
-            raise AlreadyExists(
-                f"storage pool {spec.name!r} exists with target path {parsed.path!r}, "
-                f"not {spec.path!r}"
-            )
+        conflict = driver.adoption_conflict(spec, parse_pool_xml(pool.XMLDesc(0)))
+        if conflict is not None:
+            raise AlreadyExists(f"storage pool {spec.name!r} {conflict}")
         if not pool.isActive():
             pool.create(0)
-        return pool_info(pool)
-    pool = c.storagePoolDefineXML(build_pool_xml(name=spec.name, path=spec.path), 0)
+        return pool_info(pool, drivers=drivers)
+    pool = c.storagePoolDefineXML(driver.pool_xml(spec), 0)
     built = False
     try:
         try:
@@ -127,11 +128,11 @@ def ensure_pool(c: Any, spec: PoolSpec) -> PoolInfo:
                 reason="StoragePoolBuildFailed",
             ) from exc
         pool.setAutostart(1)
-        _create_marker(pool, spec.owner)
+        _create_marker(pool, spec.owner, driver)
     except BaseException:
         _undo_pool(pool, remove_dir=built)
         raise
-    return pool_info(pool, created=True)
+    return pool_info(pool, drivers=drivers, created=True)
 
 
 def _undo_pool(pool: Any, *, remove_dir: bool) -> None:
@@ -149,9 +150,9 @@ def _undo_pool(pool: Any, *, remove_dir: bool) -> None:
             log.warning("cleanup of a half-created pool: %s", exc.get_error_message())
 
 
-def get_pool(c: Any, name: str) -> PoolInfo | None:
+def get_pool(c: Any, name: str, *, drivers: PoolDrivers) -> PoolInfo | None:
     pool = lookup(lambda: c.storagePoolLookupByName(name), _NO_POOL)
-    return pool_info(pool) if pool is not None else None
+    return pool_info(pool, drivers=drivers) if pool is not None else None
 
 
 def delete_pool(c: Any, name: str, owner: ClusterOwner) -> bool:
@@ -218,6 +219,7 @@ def create_volume(
     pool_name: str,
     name: str,
     *,
+    drivers: PoolDrivers,
     capacity_bytes: int,
     format: VolumeFormat,
     backing_path: str | None = None,
@@ -228,12 +230,14 @@ def create_volume(
     Creation is tried first (a new volume is the common case: one lookup saved); when it
     fails and a volume of that name exists, that volume is the answer."""
     pool = lookup_pool(c, pool_name)
-    xml = build_volume_xml(
-        name=name,
-        capacity_bytes=capacity_bytes,
-        format=format,
-        backing_path=backing_path,
-        backing_format=backing_format,
+    xml = drivers.of(pool).volume_xml(
+        VolumeRequest(
+            name=name,
+            capacity_bytes=capacity_bytes,
+            format=format,
+            backing_path=backing_path,
+            backing_format=backing_format,
+        )
     )
     try:
         volume = retry_busy(lambda: pool.createXML(xml, 0))
@@ -265,13 +269,17 @@ def is_test_driver(c: Any) -> bool:
     return str(c.getURI()).startswith("test")
 
 
-def upload_bytes(c: Any, pool_name: str, name: str, data: bytes) -> VolumeInfo:
+def upload_bytes(
+    c: Any, pool_name: str, name: str, data: bytes, *, drivers: PoolDrivers
+) -> VolumeInfo:
     """Replace volume ``name`` with ``data`` (deleted again if the upload fails). Creation
     is tried first; only when it fails is an existing volume of that name deleted."""
     pool = lookup_pool(c, pool_name)
     test_driver = is_test_driver(c)
-    xml = build_volume_xml(
-        name=name, capacity_bytes=len(data) if test_driver else 0, format=VolumeFormat.RAW
+    xml = drivers.of(pool).volume_xml(
+        VolumeRequest(
+            name=name, capacity_bytes=len(data) if test_driver else 0, format=VolumeFormat.RAW
+        )
     )
     try:
         volume = retry_busy(lambda: pool.createXML(xml, 0))

@@ -1,11 +1,8 @@
-"""Storage pool and volume XML, plus the host capability documents capl reads.
+"""Storage pool and volume XML as capl reads it back, plus the host capability documents.
 
-Volumes are plain files in a directory pool. An overlay is a qcow2 volume whose
-``<backingStore>`` names the base image's path and format (never left to probing when capl
-knows it); ``<compat>1.1</compat>`` gives the modern qcow2 header (lazy refcounts, zero
-clusters). Uploaded payloads (Ignition, NoCloud ISO) and image downloads start as raw
-volumes of capacity 0 that the upload stream grows; libvirt re-probes the real format when
-the upload finishes.
+The documents capl writes (``<pool>``, ``<volume>``, a disk's ``<source>``) depend on the pool
+type and come from its driver (``capl.virt.pools``); what is read back here is the same for
+every type.
 """
 
 from __future__ import annotations
@@ -13,52 +10,18 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
-from capl.ports.virt import VolumeFormat, VolumeInfo
-from capl.virt.xmlutil import child_text, line, parse, serialize, sub
+from capl.ports.virt import VolumeInfo
+from capl.virt.xmlutil import child_text, parse
 
 __all__ = [
     "DomainCaps",
     "HostCaps",
     "PoolXml",
-    "build_pool_xml",
-    "build_volume_xml",
     "parse_domain_caps",
     "parse_host_caps",
     "parse_pool_xml",
     "parse_volume_xml",
 ]
-
-
-def build_pool_xml(*, name: str, path: str) -> str:
-    root = ET.Element("pool", type="dir")
-    sub(root, "name", line(name, field="pool name"))
-    target = sub(root, "target")
-    sub(target, "path", line(path, field="pool path"))
-    return serialize(root)
-
-
-def build_volume_xml(
-    *,
-    name: str,
-    capacity_bytes: int,
-    format: VolumeFormat,
-    backing_path: str | None = None,
-    backing_format: str | None = None,
-) -> str:
-    root = ET.Element("volume", type="file")
-    sub(root, "name", line(name, field="volume name"))
-    sub(root, "capacity", str(max(0, capacity_bytes)), unit="bytes")
-    sub(root, "allocation", "0", unit="bytes")
-    target = sub(root, "target")
-    sub(target, "format", type=format.value)
-    if format is VolumeFormat.QCOW2:
-        sub(target, "compat", "1.1")
-    if backing_path:
-        backing = sub(root, "backingStore")
-        sub(backing, "path", line(backing_path, field="backing store path"))
-        if backing_format:
-            sub(backing, "format", type=line(backing_format, field="backing store format"))
-    return serialize(root)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

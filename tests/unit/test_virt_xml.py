@@ -45,9 +45,8 @@ from capl.virt.networkxml import (
     build_network_xml,
     parse_network_xml,
 )
+from capl.virt.pools.directory import build_pool_xml, build_volume_xml
 from capl.virt.storagexml import (
-    build_pool_xml,
-    build_volume_xml,
     parse_domain_caps,
     parse_host_caps,
     parse_pool_xml,

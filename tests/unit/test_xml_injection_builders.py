@@ -52,7 +52,7 @@ from capl.virt.domainxml import (
     owner_metadata_xml,
 )
 from capl.virt.networkxml import build_dhcp_host_xml, build_dns_host_xml, build_network_xml
-from capl.virt.storagexml import build_pool_xml, build_volume_xml
+from capl.virt.pools.directory import build_pool_xml, build_volume_xml
 from capl.virt.xmlutil import capl_tag
 
 UUID = "5d9f6a5e-3b0c-4d4a-9a52-0c1d2e3f4a5b"

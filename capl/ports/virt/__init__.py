@@ -106,6 +106,7 @@ from capl.ports.virt.networks import (
     NetworkSpec,
 )
 from capl.ports.virt.storage import (
+    DIR_POOL,
     BaseImage,
     HostStorage,
     ImageFromPath,
@@ -123,6 +124,7 @@ from capl.ports.virt.storage import (
 __all__ = [
     "CAPL_XML_NAMESPACE",
     "CAPL_XML_PREFIX",
+    "DIR_POOL",
     "AddressSource",
     "BaseImage",
     "ClusterOwner",

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from capl.ports.virt.identity import DomainOwner, HostId
-from capl.ports.virt.storage import VolumeFormat
+from capl.ports.virt.storage import DIR_POOL, VolumeFormat
 
 __all__ = [
     "AddressSource",
@@ -59,6 +59,9 @@ class DiskSpec:
     readonly: bool = False
     serial: str | None = None
     boot_order: int | None = None
+    pool_type: str = DIR_POOL
+    """The type of the pool whose volume ``path`` names: its driver writes the disk's
+    ``<source>`` (a ``dir`` pool's volume is a file)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

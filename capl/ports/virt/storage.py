@@ -10,6 +10,7 @@ from capl.ports.naming import pool_owner_marker
 from capl.ports.virt.identity import ClusterOwner
 
 __all__ = [
+    "DIR_POOL",
     "BaseImage",
     "HostStorage",
     "ImageFromPath",
@@ -25,6 +26,10 @@ __all__ = [
 ]
 
 
+DIR_POOL = "dir"
+"""The pool type of a directory pool: volumes are files (qcow2 overlays, raw uploads)."""
+
+
 class VolumeFormat(enum.StrEnum):
     RAW = "raw"
     QCOW2 = "qcow2"
@@ -35,7 +40,11 @@ class VolumeFormat(enum.StrEnum):
 class PoolSpec:
     name: str
     path: str
+    """The pool's target: the directory of a ``dir`` pool."""
     owner: ClusterOwner
+    pool_type: str = DIR_POOL
+    """The libvirt pool type; it picks the pool driver (``capl.virt.pools``) that defines the
+    pool, writes its volumes and hands them to domains. Only ``dir`` today."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
