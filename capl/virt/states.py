@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import libvirt
 
-from capl.ports.virt import DomainState
+from capl.ports.virt import DomainEventKind, DomainState
 
-__all__ = ["event_detail_name", "state_of", "state_reason_name"]
+__all__ = [
+    "close_reason_name",
+    "event_detail_name",
+    "event_kind",
+    "state_of",
+    "state_reason_name",
+]
 
 _STATES = {
     libvirt.VIR_DOMAIN_NOSTATE: DomainState.NOSTATE,
@@ -71,3 +77,27 @@ def state_reason_name(state: DomainState, reason: int) -> str:
 
 def event_detail_name(event: int, detail: int) -> str:
     return _DETAILS.get(event, {}).get(detail, str(detail))
+
+
+_EVENT_KINDS = {
+    libvirt.VIR_DOMAIN_EVENT_DEFINED: DomainEventKind.DEFINED,
+    libvirt.VIR_DOMAIN_EVENT_UNDEFINED: DomainEventKind.UNDEFINED,
+    libvirt.VIR_DOMAIN_EVENT_STARTED: DomainEventKind.STARTED,
+    libvirt.VIR_DOMAIN_EVENT_SUSPENDED: DomainEventKind.SUSPENDED,
+    libvirt.VIR_DOMAIN_EVENT_RESUMED: DomainEventKind.RESUMED,
+    libvirt.VIR_DOMAIN_EVENT_STOPPED: DomainEventKind.STOPPED,
+    libvirt.VIR_DOMAIN_EVENT_SHUTDOWN: DomainEventKind.SHUTDOWN,
+    libvirt.VIR_DOMAIN_EVENT_PMSUSPENDED: DomainEventKind.PMSUSPENDED,
+    libvirt.VIR_DOMAIN_EVENT_CRASHED: DomainEventKind.CRASHED,
+}
+_CLOSE_REASONS = {0: "error", 1: "end of file", 2: "keepalive timeout", 3: "client closed"}
+
+
+def event_kind(event: int) -> DomainEventKind:
+    """The kind of a domain lifecycle event (UNKNOWN for codes newer than capl)."""
+    return _EVENT_KINDS.get(event, DomainEventKind.UNKNOWN)
+
+
+def close_reason_name(reason: int) -> str:
+    """Why libvirt closed a connection (``registerCloseCallback``'s reason)."""
+    return _CLOSE_REASONS.get(reason, str(reason))

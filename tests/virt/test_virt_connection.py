@@ -188,13 +188,13 @@ async def test_lost_host_fails_fast_until_the_reconnect_succeeds(
     assert await host.reachable()
     generation = connection.generation
     refused = threading.Event()
-    real_connect = connection._connect
+    real_connect = connection.pool._connect
 
     def failing_connect() -> Any:
         refused.set()
         raise HostUnreachable(f"connect to {LOCAL}: no route to host", host=LOCAL)
 
-    monkeypatch.setattr(connection, "_connect", failing_connect)
+    monkeypatch.setattr(connection.pool, "_connect", failing_connect)
     connection.mark_lost("keepalive timeout")
     await recorder.wait_for(
         lambda e: isinstance(e, HostEvent) and e.kind is HostEventKind.DISCONNECTED, "disconnect"
@@ -208,7 +208,7 @@ async def test_lost_host_fails_fast_until_the_reconnect_succeeds(
     assert time.monotonic() - started < 1.0, "calls to a lost host must fail at once"
     assert "next attempt in" in str(caught.value) or "reconnecting" in str(caught.value)
     assert not connection.connected
-    monkeypatch.setattr(connection, "_connect", real_connect)
+    monkeypatch.setattr(connection.pool, "_connect", real_connect)
     await recorder.wait_for(
         lambda e: (
             isinstance(e, HostEvent)

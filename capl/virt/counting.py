@@ -1,0 +1,107 @@
+"""Counting libvirt calls per host and method, and the proxy that does it.
+
+Every libvirt call made through ``HostConnection.run`` is counted per host and method
+(``virDomain.create``...) by a transparent proxy (``Counted``) around the connection and the
+objects it returns; methods that never leave the process (``name``, ``UUIDString``...) are not
+counted. The benchmark reads the counts ("libvirt calls per machine"). A stream made through
+the proxy tells the handle's owner, which keeps that handle out of its pool until the stream
+is finished or aborted (``capl.virt.handles``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+import libvirt
+
+from capl.ports.virt import HostId
+
+if TYPE_CHECKING:
+    from capl.virt.handles import Handle, HandlePool
+
+__all__ = ["CallCounter", "Counted"]
+
+_LOCAL_METHODS = frozenset(
+    {"name", "UUIDString", "UUID", "key", "ID", "connect", "isAlive", "getURI"}
+)
+_STREAM_ENDS = frozenset({"finish", "abort"})
+_WRAPPED_TYPES = (
+    libvirt.virDomain,
+    libvirt.virNetwork,
+    libvirt.virStoragePool,
+    libvirt.virStorageVol,
+    libvirt.virStream,
+    libvirt.virInterface,
+)
+
+
+class CallCounter:
+    """Thread-safe counts of libvirt calls per host and method."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: defaultdict[HostId, defaultdict[str, int]] = defaultdict(
+            lambda: defaultdict(int)
+        )
+
+    def add(self, host: HostId, method: str) -> None:
+        with self._lock:
+            self._counts[host][method] += 1
+
+    def snapshot(self) -> dict[HostId, dict[str, int]]:
+        with self._lock:
+            return {host: dict(methods) for host, methods in self._counts.items()}
+
+    def total(self, host: HostId | None = None) -> int:
+        with self._lock:
+            hosts = [host] if host is not None else list(self._counts)
+            return sum(sum(self._counts[h].values()) for h in hosts if h in self._counts)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+
+class Counted:
+    """Forwards attribute access to a libvirt object, counting the RPC-backed calls; a stream
+    made through it keeps its handle out of the pool until the stream is finished or aborted
+    (see the module docstring)."""
+
+    __slots__ = ("_handle", "_owner", "_target")
+
+    def __init__(self, target: Any, owner: HandlePool, handle: Handle) -> None:
+        object.__setattr__(self, "_target", target)
+        object.__setattr__(self, "_owner", owner)
+        object.__setattr__(self, "_handle", handle)
+
+    def __getattr__(self, attr: str) -> Any:
+        target = self._target
+        value = getattr(target, attr)
+        if attr.startswith("_") or attr in _LOCAL_METHODS or not callable(value):
+            return value
+        method = f"{type(target).__name__}.{attr}"
+        owner = self._owner
+        handle = self._handle
+        ends_stream = attr in _STREAM_ENDS and isinstance(target, libvirt.virStream)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            owner.count(method)
+            try:
+                return wrap(value(*args, **kwargs), owner, handle)
+            finally:
+                if ends_stream:
+                    owner.stream_ended(handle, id(target))
+
+        return call
+
+
+def wrap(result: Any, owner: HandlePool, handle: Handle) -> Any:
+    if isinstance(result, _WRAPPED_TYPES):
+        if isinstance(result, libvirt.virStream) and not handle.shared:
+            owner.stream_made(handle, id(result))
+        return Counted(result, owner, handle)
+    if isinstance(result, list) and result and isinstance(result[0], _WRAPPED_TYPES):
+        return [Counted(item, owner, handle) for item in result]
+    return result
