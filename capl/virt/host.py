@@ -13,7 +13,7 @@ shutdown) happens on the asyncio side with short polls, never by blocking a work
 What does not change while connected is read once per connection (hostname, versions,
 capabilities, the node's model/CPUs/memory size; ``info()`` asks only for free memory), and
 each network's DHCP hosts and DNS records are kept in a ``NetworkCache`` that is only a cache
-(see ``capl.virt.network``: libvirt's own uniqueness checks guard every addition, removals
+(see ``capl.virt.network_cache``: libvirt's own uniqueness checks guard every addition, removals
 never trust it, a reconnect drops it).
 """
 
@@ -53,7 +53,7 @@ from capl.ports.virt import (
     VolumeRef,
     VolumeTail,
 )
-from capl.virt import agent, download, storage
+from capl.virt import agent, download, network_hosts, storage
 from capl.virt import domain as domains
 from capl.virt import network as networks
 from capl.virt.connection import HostConnection
@@ -289,7 +289,7 @@ class LibvirtHost:
 
     @property
     def network_cache(self) -> networks.NetworkCache:
-        """The DHCP/DNS entry cache of this host's networks (see capl.virt.network)."""
+        """The DHCP/DNS entry cache of this host's networks (see capl.virt.network_cache)."""
         return self._networks
 
     async def ensure_network(self, spec: NetworkSpec, *, adopt: bool = False) -> NetworkInfo:
@@ -326,7 +326,7 @@ class LibvirtHost:
 
         def op(c: Any) -> DhcpHost:
             with self._locks.get("network", network):
-                return networks.ensure_dhcp_host(
+                return network_hosts.ensure_dhcp_host(
                     c,
                     network,
                     mac=mac,
@@ -345,7 +345,7 @@ class LibvirtHost:
     async def remove_dhcp_host(self, *, network: str, mac: str) -> bool:
         def op(c: Any) -> bool:
             with self._locks.get("network", network):
-                return networks.remove_dhcp_host(
+                return network_hosts.remove_dhcp_host(
                     c, network, mac, cache=self._networks, generation=self._conn.generation
                 )
 
@@ -360,7 +360,7 @@ class LibvirtHost:
 
         def op(c: Any) -> DnsHost:
             with self._locks.get("network", network):
-                return networks.add_dns_hostnames(
+                return network_hosts.add_dns_hostnames(
                     c, network, ip, names, cache=self._networks, generation=self._conn.generation
                 )
 
@@ -373,7 +373,7 @@ class LibvirtHost:
 
         def op(c: Any) -> bool:
             with self._locks.get("network", network):
-                return networks.remove_dns_hostnames(
+                return network_hosts.remove_dns_hostnames(
                     c, network, ip, names, cache=self._networks, generation=self._conn.generation
                 )
 
@@ -391,7 +391,7 @@ class LibvirtHost:
 
         def op(c: Any) -> str:
             with self._locks.get("network", network):
-                return networks.find_free_ip(
+                return network_hosts.find_free_ip(
                     c, network, excluded, cache=self._networks, generation=self._conn.generation
                 )
 
