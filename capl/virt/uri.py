@@ -42,7 +42,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from capl.ports.errors import CredentialsError
 from capl.ports.virt import HostId, HostOptions
@@ -162,6 +162,35 @@ def plan_connection(
     options = options or HostOptions()
     uri = uri.strip()
     host_id = host_id_of(uri)
+    parts, driver, transport, params = _parse(uri, host_id)
+    remote = bool(parts.hostname)
+    transport = _check_transport(transport, remote=remote, options=options, host_id=host_id)
+    if transport in {"unix", "tcp"}:
+        return ConnectPlan(
+            uri=uri,
+            host_id=host_id,
+            driver=driver,
+            transport=transport,
+            remote=remote,
+            credential_dir=None,
+        )
+    extra, directory = _credential_params(transport, credentials, options, host_id)
+    query = urlencode(params + extra, quote_via=quote, safe="/")
+    full = urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
+    return ConnectPlan(
+        uri=full,
+        host_id=host_id,
+        driver=driver,
+        transport=transport,
+        remote=remote,
+        credential_dir=str(directory) if directory else None,
+    )
+
+
+def _parse(uri: str, host_id: HostId) -> tuple[SplitResult, str, str, list[tuple[str, str]]]:
+    """(parts, driver, transport as written, query parameters) of a URI capl accepts: a
+    known driver and transport, no parameter capl sets itself, no password, no host name
+    that ssh would read as an option."""
     try:
         parts = urlsplit(uri)
         if parts.port == 0:  # .port raises ValueError for non-numbers and > 65535
@@ -192,12 +221,17 @@ def plan_connection(
         raise CredentialsError(
             f"host URI {host_id}: passwords in URIs are not supported", host=host_id
         )
-    remote = bool(parts.hostname)
     if (parts.hostname or "").startswith("-"):  # would read as an option to ssh
         raise CredentialsError(
             f"host URI {host_id}: host name {parts.hostname!r} must not start with '-'",
             host=host_id,
         )
+    return parts, driver, transport, params
+
+
+def _check_transport(transport: str, *, remote: bool, options: HostOptions, host_id: HostId) -> str:
+    """The transport libvirt will use (none written: tls to a host, else unix); network
+    transports need a host name, and qemu+tcp needs the explicit option."""
     if not transport:
         transport = "tls" if remote else "unix"
     if transport in {"ssh", "libssh", "libssh2", "tls", "tcp"} and not remote:
@@ -211,16 +245,17 @@ def plan_connection(
             "TCP explicitly",
             host=host_id,
         )
-    if transport in {"unix", "tcp"}:
-        return ConnectPlan(
-            uri=uri,
-            host_id=host_id,
-            driver=driver,
-            transport=transport,
-            remote=remote,
-            credential_dir=None,
-        )
+    return transport
 
+
+def _credential_params(
+    transport: str,
+    credentials: Mapping[str, bytes] | None,
+    options: HostOptions,
+    host_id: HostId,
+) -> tuple[list[tuple[str, str]], Path | None]:
+    """The URI parameters of an ssh or tls transport, and the private directory holding the
+    credential files they name (None: no files); nothing is left behind on failure."""
     extra: list[tuple[str, str]] = []
     directory: Path | None = None
     try:
@@ -243,16 +278,7 @@ def plan_connection(
             with _live_lock:
                 _live_dirs.discard(str(directory))
         raise
-    query = urlencode(params + extra, quote_via=quote, safe="/")
-    full = urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
-    return ConnectPlan(
-        uri=full,
-        host_id=host_id,
-        driver=driver,
-        transport=transport,
-        remote=remote,
-        credential_dir=str(directory) if directory else None,
-    )
+    return extra, directory
 
 
 def _ssh_params(
