@@ -21,10 +21,11 @@ import pytest
 
 from capl.ports.bootstrap import build_nocloud_iso
 from capl.ports.errors import VirtError
-from capl.ports.naming import machine_mac, machine_names
+from capl.ports.naming import MachineNames, machine_mac, machine_names
 from capl.ports.virt import (
     AddressSource,
     ClusterOwner,
+    DhcpHost,
     DiskBus,
     DiskDevice,
     DiskSpec,
@@ -272,6 +273,48 @@ def guest_base(guest_image: Path) -> Path:
     return guest_image
 
 
+async def _deliver_bootstrap(
+    bed: Bed, names: MachineNames, owner: DomainOwner, *, bootstrap: str, hostname: str
+) -> tuple[bytes, list[DiskSpec], tuple[FwCfgEntry, ...]]:
+    """Upload the bootstrap payload as capl does: (payload, extra disks, fw_cfg entries)."""
+    if bootstrap == "ignition":
+        payload = ignition_config(hostname=hostname)
+        volume = await bed.host.upload_volume(
+            pool=bed.pool, name=names.ignition_volume, data=payload
+        )
+        return payload, [], (FwCfgEntry(name="opt/com.coreos/config", file=volume.path),)
+    payload = f"#cloud-config\nhostname: {hostname}\n".encode()
+    iso = build_nocloud_iso(user_data=payload, instance_id=owner.uid, hostname=hostname)
+    volume = await bed.host.upload_volume(pool=bed.pool, name=names.cidata_volume, data=iso)
+    cidata = DiskSpec(
+        path=volume.path,
+        format=VolumeFormat.ISO,
+        device=DiskDevice.CDROM,
+        bus=DiskBus.SCSI,
+        readonly=True,
+    )
+    return payload, [cidata], ()
+
+
+async def _remove_machine(
+    bed: Bed, names: MachineNames, spec: DomainSpec, reservation: DhcpHost
+) -> None:
+    """Undefine, delete the volumes and network entries; nothing of the machine is left."""
+    assert await bed.host.undefine_domain(spec.uuid, owner=spec.owner)
+    for volume_name in (
+        names.root_volume,
+        names.ignition_volume,
+        names.cidata_volume,
+        names.console_log,
+    ):
+        await bed.host.delete_volume(pool=bed.pool, name=volume_name)
+    await bed.host.remove_dns_hostnames(network=bed.network, ip=reservation.ip)
+    assert await bed.host.remove_dhcp_host(network=bed.network, mac=reservation.mac)
+    assert not [
+        r for r in await bed.host.list_volumes(pool=bed.pool, prefix=names.prefix, refresh=True)
+    ]
+
+
 @pytest.mark.guest
 @pytest.mark.parametrize("bootstrap", ["ignition", "cloud-config"])
 async def test_guest_boots_with_what_capl_delivers(
@@ -289,28 +332,11 @@ async def test_guest_boots_with_what_capl_delivers(
     mac = machine_mac(cluster=bed.cluster, namespace=owner.namespace, name=owner.name)
     reservation = await bed.host.ensure_dhcp_host(network=bed.network, mac=mac, name=owner.name)
     await bed.host.add_dns_hostnames(network=bed.network, ip=reservation.ip, hostnames=[owner.name])
-    disks = [DiskSpec(path=root.path)]
-    fw_cfg: tuple[FwCfgEntry, ...] = ()
     hostname = "guest-" + secrets.token_hex(2)
-    if bootstrap == "ignition":
-        payload = ignition_config(hostname=hostname)
-        volume = await bed.host.upload_volume(
-            pool=bed.pool, name=names.ignition_volume, data=payload
-        )
-        fw_cfg = (FwCfgEntry(name="opt/com.coreos/config", file=volume.path),)
-    else:
-        payload = f"#cloud-config\nhostname: {hostname}\n".encode()
-        iso = build_nocloud_iso(user_data=payload, instance_id=owner.uid, hostname=hostname)
-        volume = await bed.host.upload_volume(pool=bed.pool, name=names.cidata_volume, data=iso)
-        disks.append(
-            DiskSpec(
-                path=volume.path,
-                format=VolumeFormat.ISO,
-                device=DiskDevice.CDROM,
-                bus=DiskBus.SCSI,
-                readonly=True,
-            )
-        )
+    payload, bootstrap_disks, fw_cfg = await _deliver_bootstrap(
+        bed, names, owner, bootstrap=bootstrap, hostname=hostname
+    )
+    disks = [DiskSpec(path=root.path), *bootstrap_disks]
     spec = DomainSpec(
         name=domain_name,
         uuid=str(uuid.uuid4()),
@@ -351,18 +377,6 @@ async def test_guest_boots_with_what_capl_delivers(
     await asyncio.to_thread(wait_for_marker, log, "ready", timeout=60)
     result = await bed.host.stop_domain(spec.uuid, owner=owner, grace_period=60)
     assert result is StopResult.SHUTDOWN  # the guest handled the ACPI power button
-    assert await bed.host.undefine_domain(spec.uuid, owner=owner)
-    for volume_name in (
-        names.root_volume,
-        names.ignition_volume,
-        names.cidata_volume,
-        names.console_log,
-    ):
-        await bed.host.delete_volume(pool=bed.pool, name=volume_name)
-    await bed.host.remove_dns_hostnames(network=bed.network, ip=reservation.ip)
-    assert await bed.host.remove_dhcp_host(network=bed.network, mac=mac)
-    assert not [
-        r for r in await bed.host.list_volumes(pool=bed.pool, prefix=names.prefix, refresh=True)
-    ]
+    await _remove_machine(bed, names, spec, reservation)
     if os.environ.get("CAPL_KEEP_GUEST_LOG"):
         print(log.read_text(errors="replace"))
