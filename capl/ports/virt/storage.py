@@ -141,7 +141,8 @@ class HostStorage(Protocol):
     """The storage operations of a ``Host``."""
 
     async def ensure_pool(self, spec: PoolSpec) -> PoolInfo:
-        """Create (define, build, start, autostart, owner marker) or adopt a dir pool.
+        """Create (define, build, start, autostart, owner marker) or adopt a pool of
+        ``spec.pool_type`` (``dir`` today; another type raises InvalidSpec).
 
         An existing pool is adopted as is, apart from starting it when inactive; it counts
         as capl's only if it holds this owner's marker. A different target path on an
