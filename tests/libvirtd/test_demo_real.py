@@ -1,7 +1,7 @@
 """`capl demo --vm-only` with the real libvirtd and three real TCG guests of the test image.
 
-(The default mode, real Kubernetes nodes of the node image, is tests/nodes/test_demo_nodes.py:
-it needs the node image and takes minutes, so it runs in the real-node stage.)
+(The default mode, real Kubernetes nodes of the node image, is tests/demo/test_demo_nodes.py:
+it needs the node image and takes minutes, so it is a stage of its own, `make demo-e2e`.)
 
 In a pseudo-terminal: wait for `3/3 machines Ready`, check with virsh that three capl
 domains run on the demo's network (so the view is not lying), press Ctrl-C, and then ask
