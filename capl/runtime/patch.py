@@ -28,16 +28,30 @@ receive a patch computed from its predecessor. Neither patch costs an extra requ
 A 422 naming metadata.uid is raised as `StaleIncarnation`, both a NotFound (the object the
 patch was computed from is gone) and a Conflict (the runtime's controller requeues quietly; the
 next reconcile reads the new incarnation, or nothing).
+
+Read-your-writes (`ReadYourWrites`). The informer may not have delivered a reconciler's last
+patch when its next reconcile starts (often the very reconcile that patch triggered). Working
+from the cache then recomputes the same change and sends it again, or fails a precondition.
+So a reconciler remembers, per key, the newest object its writes returned and every
+resourceVersion those writes superseded (the object's before each patch, including the
+answer of a main patch that a status patch then superseded). While the cache still shows
+one of those, the reconcile works from the remembered object; any other resourceVersion (our
+own write delivered, or someone else's) means the cache caught up, and the memory goes.
+resourceVersions are opaque strings in Kubernetes: they are compared for equality only,
+never ordered. A write by someone else between our read and our write is not recognised as
+older than ours; the reconcile then works from the cache, and a precondition answers 409 if it
+was stale (requeued quietly).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from capl.runtime.client import ResourceClient
 from capl.runtime.errors import Invalid, StaleIncarnation
-from capl.runtime.objects import Obj, copy_obj, key_of, resource_version
+from capl.runtime.objects import Obj, ObjectKey, copy_obj, key_of, meta, resource_version
 from capl.runtime.objects import uid as uid_of
 
 SERVER_MANAGED_METADATA = frozenset(
@@ -127,6 +141,7 @@ async def apply_patch(
     *,
     precondition: bool | None = None,
     status: bool = True,
+    answered: Callable[[Obj], None] | None = None,
 ) -> Obj:
     """Send the minimal patches from `original` to `desired`; return the newest object.
 
@@ -139,6 +154,7 @@ async def apply_patch(
     sent, else `original`'s; precondition=False drops it, and with it the incarnation check).
     Raises Conflict when a precondition fails and StaleIncarnation (a Conflict and a NotFound)
     when the object was re-created meanwhile; the controller requeues quietly.
+    `answered` is called with the server's answer to each patch sent, in order.
     """
     main, status_patch = diff(original, desired)
     key = key_of(original)
@@ -157,6 +173,8 @@ async def apply_patch(
                     f"{key}: re-created since read (uid {uid} is gone): {exc.message}"
                 ) from exc
             raise
+        if answered is not None:
+            answered(result)
     if status and status_patch:
         if "__whole__" in status_patch:
             body: dict[str, Any] = {"status": status_patch["__whole__"]}
@@ -164,7 +182,62 @@ async def apply_patch(
             body = {"status": status_patch}
         status_rv = None if precondition is False else resource_version(result) or None
         result = await client.patch_status(key, body, resource_version=status_rv)
+        if answered is not None:
+            answered(result)
     return result
+
+
+@dataclass(slots=True)
+class _Written:
+    latest: Obj
+    superseded: set[str] = field(default_factory=set)
+
+
+class ReadYourWrites:
+    """Per key, the newest object this process wrote (see the module docstring).
+
+    writes = ReadYourWrites()
+    obj = writes.read(key, cache.get(resource, key))   # the cache, or our newer write
+    patcher = Patcher(client, obj, writes=writes)      # records what it writes
+    writes.forget(key)                                 # the object is gone
+    """
+
+    def __init__(self) -> None:
+        self._by_key: dict[ObjectKey, _Written] = {}
+
+    def read(self, key: ObjectKey, cached: Obj | None) -> Obj | None:
+        """The object to reconcile: `cached`, or the one our last write returned while the
+        cache still shows a resourceVersion that write superseded. None when not cached."""
+        if cached is None:
+            self._by_key.pop(key, None)
+            return None
+        written = self._by_key.get(key)
+        if written is None:
+            return cached
+        if resource_version(cached) in written.superseded:
+            return written.latest
+        del self._by_key[key]  # caught up (our write, or a newer one of someone else)
+        return cached
+
+    def wrote(self, key: ObjectKey, *, before: str, answer: Obj) -> None:
+        """A write to `key` changed resourceVersion `before` into `answer` (kept without
+        managedFields, like the cache's objects: see capl.runtime.informer)."""
+        meta(answer).pop("managedFields", None)
+        written = self._by_key.get(key)
+        if written is None:
+            written = self._by_key[key] = _Written(latest=answer)
+        written.latest = answer
+        if before and before != resource_version(answer):
+            written.superseded.add(before)
+
+    def forget(self, key: ObjectKey) -> None:
+        self._by_key.pop(key, None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._by_key
+
+    def __len__(self) -> int:
+        return len(self._by_key)
 
 
 class Patcher:
@@ -173,20 +246,41 @@ class Patcher:
     p = Patcher(client, cached_obj)
     p.obj.setdefault("status", {})["ready"] = True
     await p.apply()
+
+    With `writes`, every answer is recorded there (read-your-writes, module docstring).
     """
 
-    def __init__(self, client: ResourceClient, obj: Obj) -> None:
+    def __init__(
+        self, client: ResourceClient, obj: Obj, *, writes: ReadYourWrites | None = None
+    ) -> None:
         self.client = client
         self.original = obj
         self.obj = copy_obj(obj)
+        self.writes = writes
+        self.wrote = False
+        """Whether a patch was sent (and answered) through this patcher."""
 
     def changed(self) -> bool:
         main, status = diff(self.original, self.obj)
         return bool(main or status)
 
     async def apply(self, *, precondition: bool | None = None, status: bool = True) -> Obj:
+        key = key_of(self.original)
+        before = [resource_version(self.original)]
+
+        def answered(answer: Obj) -> None:
+            self.wrote = True
+            if self.writes is not None:
+                self.writes.wrote(key, before=before[0], answer=answer)
+            before[0] = resource_version(answer)
+
         result = await apply_patch(
-            self.client, self.original, self.obj, precondition=precondition, status=status
+            self.client,
+            self.original,
+            self.obj,
+            precondition=precondition,
+            status=status,
+            answered=answered,
         )
         if result is not self.original:
             self.original = result

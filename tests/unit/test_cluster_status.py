@@ -9,6 +9,7 @@ import pytest
 from capl.api.cluster import LibvirtCluster
 from capl.api.constants import ConditionType, Reason
 from capl.api.meta import APIEndpoint
+from capl.controllers.cluster_endpoint import fill_spec_defaults
 from capl.controllers.cluster_hosts import HostPlan, HostReport, Problem, problem_of
 from capl.controllers.cluster_status import (
     failure_domains,
@@ -17,7 +18,6 @@ from capl.controllers.cluster_status import (
     set_ready,
 )
 from capl.controllers.common import CredentialsMissing
-from capl.controllers.libvirtcluster import fill_spec_defaults
 from capl.ports.errors import (
     AlreadyExists,
     BridgeNotFound,

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from capl.api import constants as c
-from capl.controllers.libvirtcluster import (
+from capl.controllers.cluster_watches import (
     CREDENTIALS_INDEX,
     ControlPlaneMachineChanges,
     control_plane_addresses,

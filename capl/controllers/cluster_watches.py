@@ -1,0 +1,214 @@
+"""What wakes the LibvirtCluster controller, and which of the cluster's machines it reads.
+
+- The cluster's machines: `internal_ips`, `is_control_plane_machine` (the label on the
+  LibvirtMachine or its owner Machine) and `control_plane_addresses` (the targets of the
+  `api`/`api-int` records, from the cache's cluster index).
+- Secondary watches (`watches`): the Cluster (its infrastructureRef), LibvirtMachines and
+  control-plane Machines of the cluster (`ControlPlaneMachineChanges`: any deletion, address,
+  label or deletion-state changes of control-plane machines), credentials Secrets (an index of
+  `spec.hosts[].credentialsRef`).
+- libvirt host (dis)connections (`host_event_trigger`): requeue the LibvirtClusters using the
+  host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from capl.api import constants as c
+from capl.controllers.cluster_dns import addresses_in_network
+from capl.controllers.common import CAPI_GROUP, Deps
+from capl.ports.virt import HostEvent, VirtEvent
+from capl.runtime.controller import Watch
+from capl.runtime.handlers import HasLabel, SkipStatusOnlyUpdates, map_by_name_index, map_ref
+from capl.runtime.informer import Cache
+from capl.runtime.objects import (
+    Obj,
+    ObjectKey,
+    get_path,
+    is_deleting,
+    key_of,
+    labels,
+    meta,
+    owner_references,
+)
+from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, LIBVIRT_MACHINE, MACHINE, SECRET
+from capl.runtime.store import INDEX_CLUSTER, cluster_index_value
+
+__all__ = [
+    "CREDENTIALS_INDEX",
+    "ControlPlaneMachineChanges",
+    "control_plane_addresses",
+    "credentials_indexer",
+    "host_event_trigger",
+    "internal_ips",
+    "is_control_plane_machine",
+    "libvirt_clusters_of",
+    "watches",
+]
+
+CREDENTIALS_INDEX = "libvirtcluster-credentials"
+"""LibvirtCluster index: "namespace/secret-name" of every host's credentials Secret."""
+
+
+# --- reading the cluster's machines ----------------------------------------------------------
+
+
+def internal_ips(machine: Mapping[str, Any]) -> list[str]:
+    """InternalIP addresses in a LibvirtMachine's status."""
+    addresses = get_path(machine, "status", "addresses") or []
+    return [
+        str(a.get("address"))
+        for a in addresses
+        if isinstance(a, Mapping)
+        and a.get("type") == c.AddressType.INTERNAL_IP
+        and a.get("address")
+    ]
+
+
+def is_control_plane_machine(cache: Cache, machine: Mapping[str, Any]) -> bool:
+    """The control-plane label on the LibvirtMachine, or on its owner Machine."""
+    if c.CONTROL_PLANE_LABEL in labels(machine):
+        return True
+    namespace = meta(machine).get("namespace") or ""
+    for ref in owner_references(machine):
+        if ref.get("kind") != "Machine" or not str(ref.get("apiVersion", "")).startswith(
+            CAPI_GROUP + "/"
+        ):
+            continue
+        owner_machine = cache.get(MACHINE, ObjectKey(namespace, str(ref.get("name"))))
+        if owner_machine is not None and c.CONTROL_PLANE_LABEL in labels(owner_machine):
+            return True
+    return False
+
+
+def _ip_sort_key(value: str) -> int:
+    return int(ipaddress.IPv4Address(value))
+
+
+def control_plane_addresses(cache: Cache, *, namespace: str, cluster: str) -> tuple[str, ...]:
+    """IPv4 InternalIPs of the cluster's control-plane LibvirtMachines not being deleted."""
+    found: set[str] = set()
+    for machine in cache.by_index(
+        LIBVIRT_MACHINE, INDEX_CLUSTER, cluster_index_value(namespace, cluster)
+    ):
+        if is_deleting(machine) or not is_control_plane_machine(cache, machine):
+            continue
+        found.update(addresses_in_network(internal_ips(machine), None))
+    return tuple(sorted(found, key=_ip_sort_key))
+
+
+# --- watches ---------------------------------------------------------------------------------
+
+
+def credentials_indexer(obj: Obj) -> Iterable[str]:
+    namespace = meta(obj).get("namespace") or ""
+    names = {
+        str(get_path(h, "credentialsRef", "name"))
+        for h in get_path(obj, "spec", "hosts") or []
+        if isinstance(h, Mapping) and get_path(h, "credentialsRef", "name")
+    }
+    return [f"{namespace}/{name}" for name in sorted(names)]
+
+
+def libvirt_clusters_of(cache: Cache, *, namespace: str, cluster: str) -> list[ObjectKey]:
+    """The LibvirtClusters of a Cluster: its infrastructureRef, and any owned by it."""
+    keys: set[ObjectKey] = set()
+    cluster_obj = cache.get(CLUSTER, ObjectKey(namespace, cluster))
+    if cluster_obj is not None:
+        keys.update(map_ref("spec", "infrastructureRef", kind=c.Kind.LIBVIRT_CLUSTER)(cluster_obj))
+    for obj in cache.list(LIBVIRT_CLUSTER, namespace=namespace):
+        for ref in owner_references(obj):
+            if (
+                ref.get("kind") == "Cluster"
+                and ref.get("name") == cluster
+                and str(ref.get("apiVersion", "")).startswith(CAPI_GROUP + "/")
+            ):
+                keys.add(key_of(obj))
+    return sorted(keys)
+
+
+def _map_member_to_clusters(cache: Cache) -> Callable[[Obj], Iterable[ObjectKey]]:
+    """A (Libvirt)Machine -> the LibvirtCluster(s) of its cluster."""
+
+    def mapper(obj: Obj) -> Iterable[ObjectKey]:
+        cluster = labels(obj).get(c.CLUSTER_NAME_LABEL) or get_path(obj, "spec", "clusterName")
+        if not cluster:
+            return ()
+        return libvirt_clusters_of(
+            cache, namespace=meta(obj).get("namespace") or "", cluster=str(cluster)
+        )
+
+    return mapper
+
+
+class ControlPlaneMachineChanges:
+    """LibvirtMachine events that matter to the cluster: any deletion (deletion waits for the
+    machines), and creates/updates of control-plane machines that change their addresses,
+    labels or deletion state (the endpoint records)."""
+
+    def __init__(self, cache: Cache) -> None:
+        self.cache = cache
+
+    def create(self, obj: Obj) -> bool:
+        return is_control_plane_machine(self.cache, obj)
+
+    def delete(self, obj: Obj) -> bool:
+        return True
+
+    def update(self, old: Obj, new: Obj) -> bool:
+        if not (
+            is_control_plane_machine(self.cache, old) or is_control_plane_machine(self.cache, new)
+        ):
+            return False
+        if old is new:
+            return True
+        return (
+            internal_ips(old) != internal_ips(new)
+            or is_deleting(old) != is_deleting(new)
+            or labels(old).get(c.CONTROL_PLANE_LABEL) != labels(new).get(c.CONTROL_PLANE_LABEL)
+        )
+
+
+def watches(cache: Cache) -> list[Watch]:
+    """The secondary watches of the controller (adds the credentials index to the cache)."""
+    cache.informer(LIBVIRT_CLUSTER).add_indexer(CREDENTIALS_INDEX, credentials_indexer)
+    members = _map_member_to_clusters(cache)
+    return [
+        Watch(CLUSTER, map_ref("spec", "infrastructureRef", kind=c.Kind.LIBVIRT_CLUSTER)),
+        Watch(LIBVIRT_MACHINE, members, predicates=(ControlPlaneMachineChanges(cache),)),
+        Watch(
+            MACHINE,
+            members,
+            predicates=(HasLabel(c.CONTROL_PLANE_LABEL), SkipStatusOnlyUpdates()),
+        ),
+        Watch(SECRET, map_by_name_index(cache, LIBVIRT_CLUSTER, CREDENTIALS_INDEX)),
+    ]
+
+
+def host_event_trigger(
+    deps: Deps, enqueue: Callable[[ObjectKey], None]
+) -> Callable[[asyncio.Event], Any]:
+    """A runnable: libvirt host (dis)connections requeue the LibvirtClusters using the host."""
+
+    def listener(event: VirtEvent) -> None:
+        if not isinstance(event, HostEvent):
+            return
+        for obj in deps.cache.list(LIBVIRT_CLUSTER):
+            for host in get_path(obj, "spec", "hosts") or []:
+                uri = host.get("uri") if isinstance(host, Mapping) else None
+                if uri and deps.hosts.host_id(str(uri)) == event.host_id:
+                    enqueue(key_of(obj))
+                    break
+
+    async def run(stop: asyncio.Event) -> None:
+        subscription = deps.hosts.subscribe(listener)
+        try:
+            await stop.wait()
+        finally:
+            subscription.close()
+
+    return run
