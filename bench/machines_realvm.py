@@ -49,9 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import libvirt
 
 from capl.api.machine import LibvirtMachineSpec
-from capl.controllers import libvirtmachine
+from capl.controllers import machine as libvirtmachine
 from capl.controllers.common import layout
-from capl.controllers.machine_plan import image_plan, nic_mac
+from capl.controllers.machine.plan import image_plan, nic_mac
 from capl.kube import KubeClient
 from capl.ports.bootstrap import build_nocloud_iso
 from capl.ports.virt import (

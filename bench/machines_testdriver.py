@@ -75,7 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import libvirt
 
 from capl.api import constants as c
-from capl.controllers import libvirtmachine
+from capl.controllers import machine as libvirtmachine
 from capl.controllers.common import layout
 from capl.kube import KubeClient
 from capl.runtime.informer import Cache, FuncHandler

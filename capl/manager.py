@@ -18,9 +18,10 @@ from pathlib import Path
 import structlog
 
 from capl.api.cluster import LibvirtCluster
-from capl.controllers import libvirtcluster, libvirtmachine
+from capl.controllers import libvirtcluster
+from capl.controllers import machine as libvirtmachine
 from capl.controllers.common import Deps, parse
-from capl.controllers.machine_bootstrap import BootstrapOptions
+from capl.controllers.machine.bootstrap import BootstrapOptions
 from capl.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, CliError
 from capl.kube.client import KubeClient
 from capl.kube.config import KubeconfigError

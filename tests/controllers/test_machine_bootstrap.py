@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from capl.api import constants as c
-from capl.controllers import libvirtmachine
-from capl.controllers.machine_bootstrap import SUCCESS_FILE, BootstrapOptions
+from capl.controllers import machine as libvirtmachine
+from capl.controllers.machine.bootstrap import SUCCESS_FILE, BootstrapOptions
 from capl.ports.virt import GuestFile, GuestFileState, VolumeTail
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import EVENT, LIBVIRT_MACHINE

@@ -4,7 +4,7 @@ The manager is the product's entry point, `capl manager` as a process (tests/fix
 `CaplManager`, webhooks off), watching the test's namespace, against the shared libvirt test
 driver inside libvirtd (`test+unix:///default`), so its libvirt state survives the crash and
 this test sees the same hypervisor. `CAPL_FAULT=<step>` makes the process `os._exit` when
-provisioning reaches that step (capl.controllers.machine_plan.FAULT_STEPS).
+provisioning reaches that step (capl.controllers.machine.plan.FAULT_STEPS).
 
 The cluster is made the way a user's is: the manager's own LibvirtCluster controller creates
 its network and pool (tests/fixtures/bed.py `ManagerBed.create_cluster`), then the machine is
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from capl.controllers.machine_plan import FAULT_ENV, FAULT_EXIT_CODE, FAULT_STEPS
+from capl.controllers.machine.plan import FAULT_ENV, FAULT_EXIT_CODE, FAULT_STEPS
 from capl.testbed import ControlPlane
 from tests.fixtures.bed import Host, ManagerBed, bed_for
 from tests.fixtures.capl import CaplManager, CaplManagerFactory

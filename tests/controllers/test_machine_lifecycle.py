@@ -10,7 +10,7 @@ import libvirt
 import pytest
 
 from capl.api import constants as c
-from capl.controllers import libvirtmachine
+from capl.controllers import machine as libvirtmachine
 from capl.ports.virt import CAPL_XML_NAMESPACE, DomainState
 from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, LIBVIRT_MACHINE, MACHINE
 from tests.controllers.conftest import (

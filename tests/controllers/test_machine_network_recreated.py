@@ -9,10 +9,11 @@ import ipaddress
 
 import pytest
 
-from capl.controllers import libvirtcluster, libvirtmachine
+from capl.controllers import libvirtcluster
+from capl.controllers import machine as libvirtmachine
 from capl.controllers.common import layout
 from capl.controllers.libvirtcluster import LibvirtClusterOptions
-from capl.controllers.machine_plan import nic_mac
+from capl.controllers.machine.plan import nic_mac
 from capl.ports.virt import ClusterOwner
 from capl.runtime.objects import Obj, ObjectKey, get_path
 from capl.runtime.resources import LIBVIRT_CLUSTER, LIBVIRT_MACHINE

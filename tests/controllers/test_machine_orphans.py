@@ -24,8 +24,8 @@ from typing import Any
 import libvirt
 import pytest
 
-from capl.controllers import libvirtmachine
-from capl.controllers.libvirtmachine import LibvirtMachineReconciler
+from capl.controllers import machine as libvirtmachine
+from capl.controllers.machine import LibvirtMachineReconciler
 from capl.ports.virt import CAPL_XML_NAMESPACE, DomainInfo, DomainOwner, Host, Hosts
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import LIBVIRT_CLUSTER, LIBVIRT_MACHINE, MACHINE, SECRET

@@ -20,8 +20,9 @@ import libvirt
 import pytest
 
 from capl.api import constants as c
-from capl.controllers import libvirtmachine
-from capl.controllers.machine_plan import PLACEMENT_ANNOTATION, Placement, nic_mac
+from capl.controllers import machine as libvirtmachine
+from capl.controllers.machine.plan import nic_mac
+from capl.controllers.machine.plan_placement import PLACEMENT_ANNOTATION, Placement
 from capl.ports.naming import machine_hostname, machine_names
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import CLUSTER, LIBVIRT_MACHINE, MACHINE, NODE, SECRET

@@ -12,7 +12,7 @@ import libvirt
 import pytest
 import yaml
 
-from capl.controllers import libvirtmachine
+from capl.controllers import machine as libvirtmachine
 from capl.kube import KubeClient
 from capl.kube.workload import KubeWorkloadClusters
 from capl.ports.errors import StorageFull

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from capl.api import constants as c
-from capl.controllers import libvirtmachine
+from capl.controllers import machine as libvirtmachine
 from capl.runtime.objects import ObjectKey, get_path
 from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, LIBVIRT_MACHINE
 from tests.controllers.conftest import ControllerHarness, harness

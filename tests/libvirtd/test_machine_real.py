@@ -32,7 +32,7 @@ import libvirt
 import pytest
 
 from capl.api import constants as c
-from capl.controllers import libvirtmachine
+from capl.controllers import machine as libvirtmachine
 from capl.ports.naming import machine_hostname, machine_names
 from capl.runtime.resources import LIBVIRT_MACHINE
 from tests.controllers.conftest import (

@@ -9,7 +9,7 @@ import pytest
 import structlog
 
 from capl.controllers.common import Deps
-from capl.controllers.libvirtmachine import LibvirtMachineReconciler, MachineOptions
+from capl.controllers.machine import LibvirtMachineReconciler, MachineOptions
 from capl.runtime.clock import FakeClock
 from capl.runtime.controller import Result
 from capl.runtime.errors import ApiError, Conflict, TransportError

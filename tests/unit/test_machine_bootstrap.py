@@ -1,4 +1,4 @@
-"""BootstrapSucceeded through the guest agent (capl.controllers.machine_bootstrap).
+"""BootstrapSucceeded through the guest agent (capl.controllers.machine.bootstrap).
 
 The decisions and the redaction are pure and tested directly; the watcher runs against a
 scripted host (agent answers, console log bytes) on a fake clock, so the 20-minute timeout
@@ -15,8 +15,9 @@ import pytest
 import structlog
 
 from capl.api import constants as c
-from capl.controllers.machine_bootstrap import (
+from capl.controllers.machine.bootstrap import (
     SUCCESS_FILE,
+    BootstrapMemory,
     BootstrapOptions,
     BootstrapSubject,
     BootstrapWatcher,
@@ -35,7 +36,7 @@ from capl.runtime.clock import FakeClock
 from capl.runtime.conditions import get_condition, rfc3339
 from capl.runtime.controller import Result
 from capl.runtime.events import MAX_MESSAGE, NullRecorder
-from capl.runtime.objects import Obj, ObjectKey
+from capl.runtime.objects import Obj
 
 TOKEN = "abcdef.0123456789abcdef"
 CERT_KEY = "f8902e114ef118304e561c3ecd4d0b543adc226b7a07f675f56564185ffe0c07"
@@ -320,10 +321,10 @@ class _Bed:
         self.host = host
         self.obj = _machine(provisioned_at=self.clock.wall())
         self.watcher = BootstrapWatcher(recorder=self.recorder, clock=self.clock, options=options)
+        self.memory: BootstrapMemory | None = None
 
     async def observe(self, *, node_joined: bool = False) -> float | None:
         subject = BootstrapSubject(
-            key=ObjectKey("ns", "m1"),
             obj=self.obj,
             host=cast(Host, self.host),
             domain_uuid="u-1",
@@ -331,7 +332,8 @@ class _Bed:
             console_volume="m1-console.log",
             node_joined=node_joined,
         )
-        return await self.watcher.observe(subject)
+        self.memory = self.watcher.memory_for(self.memory, self.obj)
+        return await self.watcher.observe(subject, self.memory)
 
     def condition(self) -> dict[str, Any] | None:
         return get_condition(self.obj, c.ConditionType.BOOTSTRAP_SUCCEEDED)

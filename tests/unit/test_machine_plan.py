@@ -1,4 +1,4 @@
-"""The LibvirtMachine controller's pure decisions (capl.controllers.machine_plan)."""
+"""The LibvirtMachine controller's pure decisions (capl.controllers.machine.plan*)."""
 
 from __future__ import annotations
 
@@ -11,28 +11,28 @@ import pytest
 
 from capl.api import constants as c
 from capl.api.machine import LibvirtMachineSpec
-from capl.controllers.machine_plan import (
+from capl.controllers.machine.plan import (
     FAULT_ENV,
     FAULT_EXIT_CODE,
     IGNITION_FWCFG_KEY,
     MAX_MAC_ATTEMPTS,
     BootstrapProblem,
-    HostCandidate,
-    OrphanTracker,
-    Placement,
-    accounts_for,
     build_domain_spec,
-    choose_host,
     classify,
-    committed_memory,
     dns_name,
     image_plan,
     mac_candidates,
-    merge_addresses,
     nic_plans,
     owner_matches,
     read_bootstrap,
-    recorded_ips,
+)
+from capl.controllers.machine.plan_addresses import merge_addresses, recorded_ips
+from capl.controllers.machine.plan_orphans import OrphanTracker, accounts_for
+from capl.controllers.machine.plan_placement import (
+    HostCandidate,
+    Placement,
+    choose_host,
+    committed_memory,
 )
 from capl.ports.errors import (
     BootstrapDataError,
@@ -378,7 +378,7 @@ def test_owner_matching() -> None:
 
 def test_fault_point_exits_only_at_its_step() -> None:
     script = (
-        "from capl.controllers.machine_plan import fault_point\n"
+        "from capl.controllers.machine.plan import fault_point\n"
         "fault_point('domain-started')\n"
         "fault_point('domain-defined')\n"
         "print('survived')\n"

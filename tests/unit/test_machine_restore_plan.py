@@ -1,9 +1,10 @@
-"""Which DHCP reservations a machine restores in a re-created network (machine_plan.restore_plan)
+"""Which DHCP reservations a machine restores in a re-created network (plan_addresses.restore_plan)
 and how a domain definition's NICs are read (capl.virt.domain.nics_from_xml)."""
 
 from __future__ import annotations
 
-from capl.controllers.machine_plan import NicPlan, restore_plan
+from capl.controllers.machine.plan import NicPlan
+from capl.controllers.machine.plan_addresses import restore_plan
 from capl.ports.virt import AddressSource, DomainNic, InterfaceAddress
 from capl.virt.domain import nics_from_xml
 

@@ -32,7 +32,9 @@ and of BootstrapSucceeded=False (kept while it stays False): both live in the ob
 restarted manager keeps counting from the same moment.
 
 Decisions are pure (``settled``, ``decide``, ``console_tail``, ``redact``: no I/O, time
-passed in); ``BootstrapWatcher`` does the I/O and keeps the per-machine memory.
+passed in); ``BootstrapWatcher`` does the I/O; what it remembers of a machine
+(``BootstrapMemory``) is kept in the machine's memory record
+(``capl.controllers.machine.memory``), forgotten with it.
 """
 
 from __future__ import annotations
@@ -53,10 +55,11 @@ from capl.runtime.clock import Clock
 from capl.runtime.conditions import get_condition, rfc3339, set_condition
 from capl.runtime.controller import Result
 from capl.runtime.events import MAX_MESSAGE, Recorder
-from capl.runtime.objects import Obj, ObjectKey, meta
+from capl.runtime.objects import Obj, meta
 
 __all__ = [
     "SUCCESS_FILE",
+    "BootstrapMemory",
     "BootstrapOptions",
     "BootstrapSubject",
     "BootstrapWatcher",
@@ -337,7 +340,6 @@ def sooner(result: Result, delay: float | None) -> Result:
 class BootstrapSubject:
     """One running machine whose bootstrap is watched, as a reconcile sees it."""
 
-    key: ObjectKey
     obj: Obj
     """The object being written (its status is patched at the end of the reconcile): the
     condition is read and set here."""
@@ -350,7 +352,9 @@ class BootstrapSubject:
 
 
 @dataclass(slots=True)
-class _Memory:
+class BootstrapMemory:
+    """What the watcher remembers of one incarnation (UID) of a machine."""
+
     uid: str
     first_seen: float
     """Wall seconds: the start when the object says nothing (it always does once running)."""
@@ -361,7 +365,8 @@ class _Memory:
 
 
 class BootstrapWatcher:
-    """Per-machine memory of the bootstrap check and its I/O (see the module docstring)."""
+    """The I/O of the bootstrap check (see the module docstring); its memory of a machine is
+    passed in (``memory_for``)."""
 
     def __init__(
         self, *, recorder: Recorder, clock: Clock, options: BootstrapOptions | None = None
@@ -369,21 +374,17 @@ class BootstrapWatcher:
         self.recorder = recorder
         self.clock = clock
         self.options = options or BootstrapOptions()
-        self._memory: dict[ObjectKey, _Memory] = {}
 
-    def forget(self, key: ObjectKey) -> None:
-        self._memory.pop(key, None)
+    def memory_for(self, held: BootstrapMemory | None, obj: Obj) -> BootstrapMemory:
+        """``held``, or a fresh memory when there is none or it is of another incarnation."""
+        uid = str(meta(obj).get("uid") or "")
+        if held is None or held.uid != uid:  # a new incarnation starts afresh
+            return BootstrapMemory(uid=uid, first_seen=self.clock.wall())
+        return held
 
-    def _memory_of(self, key: ObjectKey, uid: str) -> _Memory:
-        memory = self._memory.get(key)
-        if memory is None or memory.uid != uid:  # a new incarnation starts afresh
-            memory = self._memory[key] = _Memory(uid=uid, first_seen=self.clock.wall())
-        return memory
-
-    async def observe(self, subject: BootstrapSubject) -> float | None:
+    async def observe(self, subject: BootstrapSubject, memory: BootstrapMemory) -> float | None:
         """Ask the agent if due, set the condition on ``subject.obj``; how soon to look
-        again (None: never, for this machine)."""
-        memory = self._memory_of(subject.key, str(meta(subject.obj).get("uid") or ""))
+        again (None: never, for this machine). ``memory``: ``memory_for(...)`` of it."""
         if memory.done:
             return None
         condition = get_condition(subject.obj, TYPE)
@@ -415,7 +416,7 @@ class BootstrapWatcher:
     async def _apply(
         self,
         subject: BootstrapSubject,
-        memory: _Memory,
+        memory: BootstrapMemory,
         decision: Decision,
         condition: Mapping[str, Any] | None,
     ) -> float | None:
@@ -432,7 +433,10 @@ class BootstrapWatcher:
         return decision.requeue_after
 
     async def _timed_out(
-        self, subject: BootstrapSubject, memory: _Memory, condition: Mapping[str, Any] | None
+        self,
+        subject: BootstrapSubject,
+        memory: BootstrapMemory,
+        condition: Mapping[str, Any] | None,
     ) -> None:
         """BootstrapTimedOut with the console tail, read once (the condition keeps it), and
         one Warning event."""

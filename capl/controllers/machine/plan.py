@@ -1,25 +1,21 @@
 """Pure decisions of the LibvirtMachine controller: no I/O, no clock, no globals.
 
-The reconciler (`capl.controllers.libvirtmachine`) reads the world and acts; everything it
-*decides* lives here so that it can be tested without an API server or a host:
+The services of `capl.controllers.machine` read the world and act; everything they *decide*
+lives in the `plan*` modules so that it can be tested without an API server or a host. This
+one holds what one machine's creation decides:
 
 - reading bootstrap data from its Secret (`read_bootstrap`), Ignition validated up front;
-- placement (`choose_host`): the host with the most memory left among reachable candidates;
-- the placement record (`Placement`): what deletion needs when the LibvirtCluster is gone,
-  kept in an annotation because `clusterctl move` restores no status;
-- MAC candidates (`nic_mac`, `mac_candidates`) and the DNS names of a machine;
+- MAC candidates (`nic_mac`, `mac_candidates`), the NICs (`nic_plans`) and the DNS name of
+  a machine;
 - the base image source and volume name (`image_plan`);
-- the libvirt domain (`build_domain_spec`);
-- addresses (`merge_addresses`): lease + agent, the last known address kept while a source
-  reports nothing;
-- which reservations to restore in a re-created network (`restore_plan`): the MACs the
-  domain's definition holds, the addresses the machine had;
+- the libvirt domain (`build_domain_spec`), whether a found domain is ours (`owner_matches`);
 - error classification (`classify`): condition reason, whether to retry soon, whether what a
   failed creation left must be rolled back;
-- fault-injection points for the crash-consistency test (`fault_point`);
-- orphans (`accounts_for`, `OrphanTracker`): whether a LibvirtMachine accounts for a domain
-  tagged with its name, and when a domain nothing accounts for has been seen long enough to be
-  removed (time is passed in: the caller owns the clock).
+- fault-injection points for the crash-consistency test (`fault_point`).
+
+The others: `plan_placement` (choosing a host, the placement record), `plan_addresses`
+(status.addresses, what to restore in a re-created network), `plan_orphans` (whether a
+machine accounts for a domain, when an orphan may go).
 
 MACs. A NIC's MAC is `capl.ports.naming.machine_mac(cluster, namespace, name, attempt)`;
 attempt 0 normally. A reservation for that MAC held by another host name (a 24-bit
@@ -33,11 +29,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
-import json
 import os
 import posixpath
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -70,11 +64,9 @@ from capl.ports.errors import (
 )
 from capl.ports.naming import MachineNames, base_image_volume_name, machine_mac
 from capl.ports.virt import (
-    AddressSource,
     DiskBus,
     DiskDevice,
     DiskSpec,
-    DomainNic,
     DomainOwner,
     DomainSpec,
     Firmware,
@@ -83,7 +75,6 @@ from capl.ports.virt import (
     ImageFromURL,
     ImageFromVolume,
     ImageSource,
-    InterfaceAddress,
     NicSpec,
     VolumeFormat,
 )
@@ -94,36 +85,23 @@ __all__ = [
     "FAULT_STEPS",
     "IGNITION_FWCFG_KEY",
     "MAX_MAC_ATTEMPTS",
-    "PLACEMENT_ANNOTATION",
     "RESERVED_HOSTNAMES",
     "BootstrapData",
     "BootstrapProblem",
     "Failure",
-    "HostCandidate",
     "ImagePlan",
     "NicPlan",
-    "OrphanTracker",
-    "Placement",
-    "Restore",
-    "accounts_for",
     "build_domain_spec",
-    "choose_host",
     "classify",
-    "committed_memory",
     "dns_name",
     "domain_state_text",
     "fault_point",
     "image_plan",
-    "internal_ips",
     "mac_candidates",
-    "merge_addresses",
     "nic_mac",
     "nic_plans",
     "owner_matches",
-    "pending_on_host",
     "read_bootstrap",
-    "recorded_ips",
-    "restore_plan",
 ]
 
 GIB: Final = 1024**3
@@ -227,85 +205,6 @@ def read_bootstrap(secret: Mapping[str, Any]) -> BootstrapData:
                 reason=c.Reason.BOOTSTRAP_DATA_INVALID,
             ) from None
     return BootstrapData(format=fmt, data=value)
-
-
-# --- placement -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HostCandidate:
-    name: str
-    free_bytes: int
-    committed_bytes: int = 0
-    """Memory of machines already placed on the host whose domains do not run yet."""
-
-    @property
-    def headroom(self) -> int:
-        return self.free_bytes - self.committed_bytes
-
-
-def choose_host(candidates: Sequence[HostCandidate]) -> str | None:
-    """The candidate with the most memory left (ties: the first in spec order)."""
-    best: HostCandidate | None = None
-    for candidate in candidates:
-        if best is None or candidate.headroom > best.headroom:
-            best = candidate
-    return None if best is None else best.name
-
-
-PLACEMENT_ANNOTATION: Final = "libvirtmachine.infrastructure.cluster.x-k8s.io/placement"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Placement:
-    """Where a machine's resources live; recorded (annotation, JSON) with the identity.
-
-    Deletion prefers the live LibvirtCluster; this record is the fall-back when that is gone
-    (forced deletion) and survives `clusterctl move`. Nothing in it is secret: the
-    credentials Secret is named, not copied.
-    """
-
-    host: str
-    uri: str
-    pool: str
-    network: str | None = None
-    dns_domain: str | None = None
-    credentials_secret: str | None = None
-    cluster: str = ""
-
-    def encode(self) -> str:
-        record = {
-            "host": self.host,
-            "uri": self.uri,
-            "pool": self.pool,
-            "network": self.network,
-            "dnsDomain": self.dns_domain,
-            "credentialsSecret": self.credentials_secret,
-            "cluster": self.cluster,
-        }
-        return json.dumps(
-            {k: v for k, v in record.items() if v is not None},
-            sort_keys=True,
-            separators=(",", ":"),
-        )
-
-    @classmethod
-    def decode(cls, text: str | None) -> Placement | None:
-        if not text:
-            return None
-        try:
-            record = json.loads(text)
-            return cls(
-                host=str(record["host"]),
-                uri=str(record["uri"]),
-                pool=str(record["pool"]),
-                network=record.get("network"),
-                dns_domain=record.get("dnsDomain"),
-                credentials_secret=record.get("credentialsSecret"),
-                cluster=str(record.get("cluster", "")),
-            )
-        except (ValueError, KeyError, TypeError):
-            return None
 
 
 # --- names, MACs -----------------------------------------------------------------------------
@@ -481,135 +380,6 @@ def domain_state_text(state: str) -> str:
     return state[:1].upper() + state[1:]
 
 
-# --- addresses -------------------------------------------------------------------------------
-
-
-def _ip_key(ip: str) -> tuple[int, int]:
-    try:
-        parsed = ipaddress.ip_address(ip)
-    except ValueError:
-        return (9, 0)
-    return (parsed.version, int(parsed))
-
-
-def merge_addresses(
-    observed: Iterable[InterfaceAddress],
-    *,
-    previous: Sequence[Mapping[str, Any]] | None,
-    hostname: str,
-    fqdn: str | None,
-) -> tuple[list[dict[str, str]], bool]:
-    """status.addresses and whether an IP is known.
-
-    InternalIP: every address the DHCP lease and the guest agent report (lease first, IPv4
-    before IPv6, each once). When they report nothing (a lease being renewed, an agent
-    restarting), the InternalIPs of `previous` are kept. Then Hostname and InternalDNS.
-    """
-    seen: dict[str, tuple[int, tuple[int, int]]] = {}
-    for address in observed:
-        if address.ip in seen:
-            continue
-        rank = 0 if address.source is AddressSource.LEASE else 1
-        seen[address.ip] = (rank, _ip_key(address.ip))
-    ips = sorted(seen, key=lambda ip: (seen[ip][1][0], seen[ip][0], seen[ip][1][1]))
-    if not ips:
-        ips = [
-            str(a.get("address"))
-            for a in previous or ()
-            if a.get("type") == c.AddressType.INTERNAL_IP and a.get("address")
-        ]
-    result = [{"type": c.AddressType.INTERNAL_IP.value, "address": ip} for ip in ips]
-    result.append({"type": c.AddressType.HOSTNAME.value, "address": hostname})
-    if fqdn:
-        result.append({"type": c.AddressType.INTERNAL_DNS.value, "address": fqdn})
-    return result, bool(ips)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Restore:
-    """One DHCP reservation to restore: the NIC, the MAC its domain uses, the address."""
-
-    plan: NicPlan
-    mac: str
-    ip: str | None
-    """None: no address known for this NIC (a free one is picked)."""
-
-
-def restore_plan(
-    plans: Sequence[NicPlan],
-    nics: Sequence[DomainNic],
-    *,
-    network: str,
-    observed: Iterable[InterfaceAddress],
-    recorded: Sequence[str],
-    cidr: str | None,
-) -> list[Restore]:
-    """The reservations of a running machine in its cluster network, to be made again after
-    the network was re-created (its DHCP hosts and DNS records went with it).
-
-    NICs pair with the domain's interfaces by position (the domain was defined from the
-    same plans, in that order); the MAC is the domain's, which may be a collision fallback
-    rather than the first candidate. The address, per NIC: the spec's `ip`, else what the
-    lease or guest agent reports for that MAC, else the machine's recorded InternalIPs in
-    the network's CIDR that no other NIC took, in order (the guest keeps its address until
-    its lease runs out, so the reservation must give it the same one)."""
-    net = ipaddress.IPv4Network(cidr, strict=False) if cidr else None
-
-    def inside(ip: str) -> bool:
-        try:
-            address = ipaddress.ip_address(ip)
-        except ValueError:
-            return False
-        return address.version == 4 and (net is None or address in net)
-
-    by_mac: dict[str, str] = {}
-    for address in observed:  # lease first (merge order), then agent
-        if inside(address.ip):
-            by_mac.setdefault(address.mac.lower(), address.ip)
-    result: list[Restore] = []
-    for plan, nic in zip(plans, nics, strict=False):
-        if not plan.cluster_network or nic.network != network:
-            continue
-        result.append(Restore(plan=plan, mac=nic.mac, ip=plan.ip or by_mac.get(nic.mac)))
-    taken = {r.ip for r in result if r.ip}
-    spare = [ip for ip in recorded if inside(ip) and ip not in taken]
-    filled: list[Restore] = []
-    for item in result:
-        if item.ip is None and spare:
-            item = Restore(plan=item.plan, mac=item.mac, ip=spare.pop(0))
-        filled.append(item)
-    return filled
-
-
-def internal_ips(obj: Mapping[str, Any]) -> tuple[str, ...]:
-    """The InternalIP addresses a LibvirtMachine reports in status.addresses."""
-    return tuple(
-        str(address["address"])
-        for address in (obj.get("status") or {}).get("addresses") or ()
-        if address.get("type") == c.AddressType.INTERNAL_IP and address.get("address")
-    )
-
-
-def recorded_ips(machines: Iterable[Mapping[str, Any]], *, skip_uid: str) -> set[str]:
-    """InternalIPs that other LibvirtMachines report (excluded when picking an address).
-    The controller gets the same set from an index of its cache instead of scanning."""
-    taken: set[str] = set()
-    for obj in machines:
-        if (obj.get("metadata") or {}).get("uid") == skip_uid:
-            continue
-        taken.update(internal_ips(obj))
-    return taken
-
-
-def pending_on_host(obj: Mapping[str, Any]) -> bool:
-    """Placed on a host (spec.hostName) and not provisioned yet: its memory is committed
-    there although its domain may not run (see committed_memory)."""
-    spec = obj.get("spec") or {}
-    if not spec.get("hostName"):
-        return False
-    return not ((obj.get("status") or {}).get("initialization") or {}).get("provisioned")
-
-
 # --- errors ----------------------------------------------------------------------------------
 
 
@@ -665,80 +435,3 @@ def owner_matches(found: DomainOwner | None, expected: DomainOwner) -> tuple[boo
     if found is None or not found.matches(expected, ignore_uid=True):
         return False, False
     return True, found.uid != expected.uid
-
-
-def committed_memory(machines: Iterable[Mapping[str, Any]], *, host: str, skip_uid: str) -> int:
-    """Memory (bytes) of machines placed on `host` that do not run yet (not provisioned):
-    keeps a burst of placements from all landing on the host that looked emptiest."""
-    total = 0
-    for obj in machines:
-        meta = obj.get("metadata") or {}
-        spec = obj.get("spec") or {}
-        if meta.get("uid") == skip_uid or spec.get("hostName") != host:
-            continue
-        if not pending_on_host(obj):
-            continue
-        total += int(spec.get("memoryMiB") or 4096) * MIB
-    return total
-
-
-# --- orphans ---------------------------------------------------------------------------------
-
-
-def accounts_for(obj: Mapping[str, Any] | None, *, owner_uid: str, domain_uuid: str) -> bool:
-    """Whether LibvirtMachine `obj` (None: there is none) accounts for a domain whose owner
-    tag names it with `owner_uid`: the same object (UID), or an object of the same name that
-    records the domain's UUID (after `clusterctl move`: its next reconcile retags the domain).
-    A same-name object with another UID and another domain is a new incarnation: the domain
-    belonged to a deleted one."""
-    if obj is None:
-        return False
-    md = obj.get("metadata") or {}
-    if owner_uid and md.get("uid") == owner_uid:
-        return True
-    recorded = str((obj.get("spec") or {}).get("domainUUID") or "").lower()
-    return bool(recorded) and recorded == domain_uuid.lower()
-
-
-class OrphanTracker:
-    """When a domain no LibvirtMachine accounts for may be removed by the orphan sweep.
-
-    The informer cache may lag behind the API server (an object just created, a relist in
-    progress), so a domain becomes a removal candidate only once it was reported orphaned by
-    two consecutive sweeps of its scope (one host of one cluster) *and* at least `grace`
-    seconds after it was first reported. A domain missing from a sweep's report, or a scope
-    swept with an error, starts over. Pure bookkeeping: the caller passes the time.
-    """
-
-    def __init__(self, *, grace: float) -> None:
-        self.grace = grace
-        self._first_seen: dict[str, dict[str, float]] = {}
-
-    def observe(self, scope: str, orphans: Iterable[str], *, now: float) -> set[str]:
-        """Record one complete sweep of `scope` that found `orphans` (domain UUIDs); returns
-        the ones confirmed for removal."""
-        before = self._first_seen.get(scope, {})
-        current = {u.lower() for u in orphans}
-        confirmed = {u for u in current if u in before and now - before[u] >= self.grace}
-        self._first_seen[scope] = {u: before.get(u, now) for u in current}
-        return confirmed
-
-    def reset(self, scope: str) -> None:
-        """Forget what was seen in `scope` (it could not be swept completely)."""
-        self._first_seen.pop(scope, None)
-
-    def forget(self, domain_uuid: str) -> None:
-        """The domain is gone or accounted for again."""
-        for seen in self._first_seen.values():
-            seen.pop(domain_uuid.lower(), None)
-
-    def pending(self) -> int:
-        """Domains seen orphaned once, not confirmed yet."""
-        return sum(len(seen) for seen in self._first_seen.values())
-
-    def retain(self, scopes: Iterable[str]) -> None:
-        """Drop the state of scopes that no longer exist (a deleted cluster or host)."""
-        keep = set(scopes)
-        for scope in list(self._first_seen):
-            if scope not in keep:
-                del self._first_seen[scope]

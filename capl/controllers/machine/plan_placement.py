@@ -1,0 +1,130 @@
+"""Pure decisions of placement: which host a new machine goes to, and where it went.
+
+- `choose_host`: the reachable candidate with the most memory left, after the memory of
+  machines already placed there whose domains do not run yet (`committed_memory`,
+  `pending_on_host`: keeps a burst of placements from all landing on the host that looked
+  emptiest).
+- `Placement`: the record of where a machine's resources live, kept in an annotation with the
+  identity (`clusterctl move` restores no status); deletion falls back to it when the
+  LibvirtCluster is gone.
+
+No I/O, no clock (see `capl.controllers.machine.plan`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = [
+    "PLACEMENT_ANNOTATION",
+    "HostCandidate",
+    "Placement",
+    "choose_host",
+    "committed_memory",
+    "pending_on_host",
+]
+
+MIB: Final = 1024**2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostCandidate:
+    name: str
+    free_bytes: int
+    committed_bytes: int = 0
+    """Memory of machines already placed on the host whose domains do not run yet."""
+
+    @property
+    def headroom(self) -> int:
+        return self.free_bytes - self.committed_bytes
+
+
+def choose_host(candidates: Sequence[HostCandidate]) -> str | None:
+    """The candidate with the most memory left (ties: the first in spec order)."""
+    best: HostCandidate | None = None
+    for candidate in candidates:
+        if best is None or candidate.headroom > best.headroom:
+            best = candidate
+    return None if best is None else best.name
+
+
+PLACEMENT_ANNOTATION: Final = "libvirtmachine.infrastructure.cluster.x-k8s.io/placement"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    """Where a machine's resources live; recorded (annotation, JSON) with the identity.
+
+    Deletion prefers the live LibvirtCluster; this record is the fall-back when that is gone
+    (forced deletion) and survives `clusterctl move`. Nothing in it is secret: the
+    credentials Secret is named, not copied.
+    """
+
+    host: str
+    uri: str
+    pool: str
+    network: str | None = None
+    dns_domain: str | None = None
+    credentials_secret: str | None = None
+    cluster: str = ""
+
+    def encode(self) -> str:
+        record = {
+            "host": self.host,
+            "uri": self.uri,
+            "pool": self.pool,
+            "network": self.network,
+            "dnsDomain": self.dns_domain,
+            "credentialsSecret": self.credentials_secret,
+            "cluster": self.cluster,
+        }
+        return json.dumps(
+            {k: v for k, v in record.items() if v is not None},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def decode(cls, text: str | None) -> Placement | None:
+        if not text:
+            return None
+        try:
+            record = json.loads(text)
+            return cls(
+                host=str(record["host"]),
+                uri=str(record["uri"]),
+                pool=str(record["pool"]),
+                network=record.get("network"),
+                dns_domain=record.get("dnsDomain"),
+                credentials_secret=record.get("credentialsSecret"),
+                cluster=str(record.get("cluster", "")),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def pending_on_host(obj: Mapping[str, Any]) -> bool:
+    """Placed on a host (spec.hostName) and not provisioned yet: its memory is committed
+    there although its domain may not run (see committed_memory)."""
+    spec = obj.get("spec") or {}
+    if not spec.get("hostName"):
+        return False
+    return not ((obj.get("status") or {}).get("initialization") or {}).get("provisioned")
+
+
+def committed_memory(machines: Iterable[Mapping[str, Any]], *, host: str, skip_uid: str) -> int:
+    """Memory (bytes) of machines placed on `host` that do not run yet (not provisioned):
+    keeps a burst of placements from all landing on the host that looked emptiest."""
+    total = 0
+    for obj in machines:
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        if meta.get("uid") == skip_uid or spec.get("hostName") != host:
+            continue
+        if not pending_on_host(obj):
+            continue
+        total += int(spec.get("memoryMiB") or 4096) * MIB
+    return total

@@ -1,0 +1,534 @@
+"""The LibvirtMachine reconciler: gates, watches and the order of the steps.
+
+Level-based: every reconcile reads the LibvirtMachine (through read-your-writes), its
+Machine, Cluster and LibvirtCluster from the cache and the domain from its host, makes the
+world match, and reports status with at most one status patch (`scope.MachineScope.close`).
+The steps are done by the services of this package; this module only decides their order
+(see `LibvirtMachineReconciler._provision` and `_delete`) and what wakes a machine.
+
+Gates (the InfraMachine contract, in order)
+    owner Machine (a MachineSet-owned object waits until the Machine adopts it) -> finalizer
+    -> pause (Paused condition) -> cluster infrastructure provisioned (never blocks deletion)
+    -> bootstrap data Secret (key `value`, optional `format`) -> create.
+
+Identity first
+    Placement (`placement`) is chosen and written *before anything is created*, in one spec
+    patch together with the finalizer: spec.hostName, spec.domainUUID (a fresh uuid4),
+    spec.providerID `libvirt:///<uuid>` (write-once by CEL) and the placement annotation
+    (host URI, pool, network; what deletion needs if the LibvirtCluster is gone). The domain
+    is defined with that UUID (`domain`, `create`).
+
+What wakes a machine
+    Its own object, and what `watches` lists: its Machine, Cluster and LibvirtCluster, its
+    bootstrap data and kubeconfig Secrets, libvirt domain lifecycle and host connection
+    events (the STARTED echo of our own start is ignored). Each of these "touches" the key:
+    a machine settled at Ready (same resourceVersion, nothing touched it since) returns
+    without calling libvirt for `settled_ttl`.
+
+API errors
+    A reconcile that gets no answer from the API server (connection refused/reset, timeout)
+    or a 429/5xx logs one warning line (no traceback) and is retried after a short backoff
+    of its own, `retry_first` doubling up to `api_retry_max`, instead of the work queue's
+    per-item backoff, which would grow to minutes during an API server outage.
+
+Deletion respects pause, and an object `clusterctl move` deletes (annotation
+clusterctl.cluster.x-k8s.io/delete-for-move) only loses its finalizer (`delete`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid as uuidlib
+from collections.abc import Iterable
+
+import structlog
+
+from capl.api import constants as c
+from capl.api.capi import Cluster, Machine
+from capl.api.defaults import default_libvirt_machine
+from capl.api.machine import LibvirtMachine
+from capl.controllers.common import (
+    Deps,
+    InvalidObject,
+    add_finalizer,
+    libvirt_cluster_of,
+    owner,
+    parse,
+    paused,
+)
+from capl.controllers.machine import (
+    cleanup,
+    create,
+    delete,
+    domain,
+    guest,
+    network,
+    placement,
+    watches,
+)
+from capl.controllers.machine.bootstrap import BootstrapWatcher
+from capl.controllers.machine.cleanup import DELETE_FOR_MOVE_ANNOTATION
+from capl.controllers.machine.indexes import (
+    INDEX_BOOTSTRAP_SECRET,
+    INDEX_DOMAIN_UUID,
+    INDEX_HOST,
+    INDEX_INTERNAL_IP,
+    INDEX_PENDING_HOST,
+    bootstrap_secret_indexer,
+    index_domain_uuid,
+    index_host,
+    index_internal_ip,
+    index_pending_host,
+)
+from capl.controllers.machine.memory import Memory
+from capl.controllers.machine.options import LOGGER, MachineOptions
+from capl.controllers.machine.plan import Failure, classify, fault_point
+from capl.controllers.machine.plan_orphans import OrphanTracker
+from capl.controllers.machine.plan_placement import PLACEMENT_ANNOTATION
+from capl.controllers.machine.scope import (
+    DONE,
+    Context,
+    MachineScope,
+    Placed,
+    Problem,
+    condition_true,
+)
+from capl.controllers.machine.target import Identity, Target
+from capl.ports.errors import VirtError
+from capl.ports.virt import DomainEvent, DomainEventKind, HostEvent, HostId, VirtEvent
+from capl.runtime.controller import Controller, Result, Watch
+from capl.runtime.errors import ApiError, TransportError
+from capl.runtime.errors import NotFound as ApiNotFound
+from capl.runtime.handlers import (
+    Mapper,
+)
+from capl.runtime.informer import Cache
+from capl.runtime.manager import Manager
+from capl.runtime.objects import Obj, ObjectKey, meta
+from capl.runtime.patch import Patcher
+from capl.runtime.resources import CLUSTER, LIBVIRT_MACHINE, MACHINE
+
+__all__ = ["CONTROLLER_NAME", "LibvirtMachineReconciler", "setup"]
+
+log = structlog.get_logger(LOGGER)
+
+CONTROLLER_NAME = "libvirtmachine"
+
+
+class LibvirtMachineReconciler:
+    """Reconciles LibvirtMachines; see the module docstring."""
+
+    def __init__(self, deps: Deps, *, options: MachineOptions | None = None) -> None:
+        self.deps = deps
+        self.cache: Cache = deps.cache
+        self.options = options or MachineOptions()
+        self.controller: Controller | None = None
+        self.memory = Memory(orphan_grace=self.options.orphan_grace)
+        self.ctx = Context(
+            deps=deps,
+            options=self.options,
+            memory=self.memory,
+            client=deps.client.resource(LIBVIRT_MACHINE),
+            watcher=BootstrapWatcher(
+                recorder=deps.recorder, clock=deps.clock, options=self.options.bootstrap
+            ),
+        )
+
+    @property
+    def orphans(self) -> OrphanTracker:
+        """The orphan sweep's sightings (diagnostics, tests)."""
+        return self.memory.orphans
+
+    @property
+    def removed(self) -> list[str]:
+        """What vanished-object clean-ups removed (diagnostics, tests), newest last."""
+        return self.memory.removed
+
+    # -- wiring ------------------------------------------------------------------------------
+
+    def bind(self, controller: Controller) -> None:
+        self.controller = controller
+
+    def touch(self, key: ObjectKey) -> None:
+        """Something about `key` changed outside the object: forget that it had settled."""
+        self.memory.touch(key)
+
+    def touching(self, mapper: Mapper) -> Mapper:
+        def mapped(obj: Obj) -> Iterable[ObjectKey]:
+            keys = list(mapper(obj))
+            for key in keys:
+                self.touch(key)
+            return keys
+
+        return mapped
+
+    def watches(self, cache: Cache) -> list[Watch]:
+        return watches.watches(cache, self.touching)
+
+    async def run_events(self, stop: asyncio.Event) -> None:
+        """A manager runnable: libvirt domain/host events -> requeues, while leading."""
+        subscription = self.deps.hosts.subscribe(self.on_virt_event)
+        try:
+            await stop.wait()
+        finally:
+            subscription.close()
+
+    def on_virt_event(self, event: VirtEvent) -> None:
+        if isinstance(event, DomainEvent):
+            if event.kind is DomainEventKind.DEFINED:
+                return
+            if event.kind is DomainEventKind.STARTED and self.memory.own_starts.echo(
+                event.uuid.lower(), now=self.deps.clock.now()
+            ):
+                return  # the echo of our own start_domain: nothing to look at
+            keys = self.cache.store(LIBVIRT_MACHINE).index_keys(
+                INDEX_DOMAIN_UUID, event.uuid.lower()
+            )
+        elif isinstance(event, HostEvent):
+            keys = self._keys_on_host(event.host_id)
+        else:  # pragma: no cover - the union is closed
+            return
+        for key in keys:
+            self.touch(key)
+            if self.controller is not None:
+                self.controller.enqueue(key)
+
+    def _keys_on_host(self, host_id: HostId) -> list[ObjectKey]:
+        return watches.keys_on_host(self.cache, self.deps.hosts, host_id)
+
+    async def run_sweeps(self, stop: asyncio.Event) -> None:
+        """A manager runnable (while leading): the orphan sweep (`cleanup`)."""
+        await cleanup.run_sweeps(self.ctx, self.controller, stop)
+
+    async def sweep(self) -> list[ObjectKey]:
+        """One orphan sweep (`cleanup.sweep`); the keys queued to remove a confirmed orphan."""
+        return await cleanup.sweep(self.ctx, self.controller)
+
+    # -- reconcile ---------------------------------------------------------------------------
+
+    async def reconcile(self, key: ObjectKey) -> Result:
+        try:
+            result = await self._reconcile(key)
+        except ApiError as exc:
+            if not _api_unavailable(exc):
+                raise
+            # no answer from the API server (or 429/5xx): one line, a short capped backoff
+            # of our own instead of the work queue's growing one (the reconcile is
+            # idempotent; the next attempt picks up where this one stopped)
+            record = self.memory.of(key)
+            delay = self.options.backoff(record.api_failures, cap=self.options.api_retry_max)
+            record.api_failures += 1
+            log.warning("API server unavailable, retrying", error=str(exc), retry_in=delay)
+            return Result(requeue_after=delay)
+        known = self.memory.get(key)
+        if known is not None:
+            known.api_failures = 0
+        return result
+
+    async def _reconcile(self, key: ObjectKey) -> Result:
+        memory = self.memory
+        obj = memory.writes.read(key, self.cache.get(LIBVIRT_MACHINE, key))
+        if memory.has_leftovers(key):
+            waiting = await cleanup.remove_vanished(self.ctx, key, obj)
+            if waiting is not None:
+                return waiting
+        if obj is None:
+            memory.forget(key)
+            return DONE
+        record = memory.of(key)
+        if record.settled is not None:
+            rv, when = record.settled
+            if rv == meta(obj).get("resourceVersion") and (
+                self.deps.clock.now() - when < self.options.settled_ttl
+            ):
+                return DONE
+            record.settled = None
+        epoch = record.epoch
+        try:
+            lm = default_libvirt_machine(parse(LibvirtMachine, obj))
+        except InvalidObject as exc:
+            log.warning("cannot read LibvirtMachine", error=str(exc))
+            return DONE
+        patcher = Patcher(self.ctx.client, obj, writes=memory.writes)
+        scope = MachineScope(ctx=self.ctx, key=key, patcher=patcher, lm=lm, record=record)
+        if lm.metadata.deletion_timestamp is not None:
+            return await self._delete(scope)
+        try:
+            result = await self._provision(scope)
+        except ApiNotFound:
+            # gone under this reconcile (e.g. deleted while our finalizer patch committed,
+            # kubernetes/kubernetes#77988): what was made for it must not stay behind
+            log.info("LibvirtMachine vanished during the reconcile")
+            memory.writes.forget(key)
+            record.settled = None
+            return await cleanup.remove_vanished(self.ctx, key, None) or DONE
+        ready = condition_true(scope.desired.get("status") or {}, c.ConditionType.READY)
+        if result == DONE and record.epoch == epoch and not scope.raced and ready:
+            rv = str(meta(scope.current).get("resourceVersion"))
+            record.settled = (rv, self.deps.clock.now())
+        return result
+
+    # -- provisioning: the steps -------------------------------------------------------------
+
+    async def _provision(self, scope: MachineScope) -> Result:
+        """The steps of a machine that is not being deleted, and the condition reason each
+        leaves behind when it stops the reconcile:
+
+        1. owner Machine        (waits without a write until a Machine owns the object)
+        2. finalizer, Cluster   DomainProvisioned: WaitingForCluster
+        3. pause                Paused: Paused (else NotPaused)
+        4. infrastructure       DomainProvisioned: WaitingForClusterInfrastructure
+        5. bootstrap data       BootstrapDataDelivered, DomainProvisioned:
+                                WaitingForBootstrapData, BootstrapDataInvalid
+        6. placement            DomainProvisioned: HostNotFound, Unreachable,
+                                CredentialsInvalid, InternalError
+        7. identity             (the spec patch: hostName, domainUUID, providerID, placement)
+        8. domain               DomainProvisioned: Running, DomainRecreated, DomainRestarted,
+                                DomainNotRunning, or the libvirt error's reason
+        9. network entries      (Events NetworkEntriesRestored/RestoreFailed; a retry)
+        10. addresses           AddressAssigned: Assigned, WaitingForAddress
+        11. workload Node       (its providerID; requeued every node_poll)
+        12. bootstrap success   BootstrapSucceeded: BootstrapSucceeded, WaitingForBootstrap,
+                                BootstrapTimedOut
+        and the one status write (`scope.close`): Ready summarizes 8, 5 and 10.
+        """
+        if not self._owner_machine(scope):  # 1
+            return DONE
+        if not (self._cluster(scope) and self._unpaused(scope) and self._infrastructure(scope)):
+            return await scope.close(DONE)  # 2-4
+        try:
+            if not scope.lm.spec.domain_uuid:
+                scope.bootstrap = create.bootstrap_data(scope)  # 5
+                if scope.bootstrap is None:
+                    return await scope.close(DONE)
+            target = await placement.place(scope)  # 6
+        except Problem as problem:
+            return await scope.close(scope.fail(problem.failure))
+        await self._identity(scope, target)  # 7
+        outcome = await domain.ensure_domain(scope)  # 8
+        if isinstance(outcome, Result):
+            return await scope.close(outcome)
+        restore_retry = await network.ensure_network_entries(  # 9
+            scope, outcome.observed, made=outcome.created
+        )
+        if restore_retry is None:
+            scope.record.failures = 0
+        domain.report_domain(scope, outcome)
+        result, have_ip = guest.report_addresses(scope, outcome.observed)  # 10
+        if have_ip:
+            node_retry = await guest.workload_node(scope)  # 11
+            if node_retry is not None:
+                result = node_retry
+            result = await guest.watch_bootstrap(scope, result)  # 12
+        result = await scope.close(_earlier(result, restore_retry))
+        if outcome.created:
+            fault_point("status-written")
+        return result
+
+    def _owner_machine(self, scope: MachineScope) -> bool:
+        """Gate 1: the owner Machine, from the cache."""
+        ref = owner(scope.lm.metadata, kind="Machine")
+        if ref is None:
+            log.debug("waiting for the owner Machine")
+            return False
+        machine_raw = self.cache.get(MACHINE, ObjectKey(scope.namespace, ref.name))
+        if machine_raw is None:
+            log.debug("owner Machine not in the cache yet", machine=ref.name)
+            return False
+        scope.machine = parse(Machine, machine_raw)
+        add_finalizer(scope.desired, c.MACHINE_FINALIZER)
+        return True
+
+    def _cluster(self, scope: MachineScope) -> bool:
+        """Gate 2: the Cluster, from the cache."""
+        lm, machine = scope.lm, scope.machine
+        assert machine is not None
+        name = lm.metadata.label(c.CLUSTER_NAME_LABEL) or machine.spec.cluster_name
+        scope.cluster_name = name
+        cluster_raw = self.cache.get(CLUSTER, ObjectKey(scope.namespace, name)) if name else None
+        if cluster_raw is None:
+            provisioned = _provisioned(lm)
+            scope.set(
+                c.ConditionType.DOMAIN_PROVISIONED,
+                provisioned,
+                c.Reason.RUNNING if provisioned else c.Reason.WAITING_FOR_CLUSTER,
+                "" if provisioned else f"Cluster {scope.namespace}/{name} not found",
+            )
+            return False
+        scope.cluster = parse(Cluster, cluster_raw)
+        return True
+
+    def _unpaused(self, scope: MachineScope) -> bool:
+        """Gate 3: pause (the Cluster's spec.paused or the paused annotation)."""
+        if paused(scope.cluster, scope.lm.metadata):
+            scope.set(c.ConditionType.PAUSED, True, c.Reason.PAUSED)
+            return False
+        scope.set(c.ConditionType.PAUSED, False, c.Reason.NOT_PAUSED)
+        return True
+
+    def _infrastructure(self, scope: MachineScope) -> bool:
+        """Gate 4: the Cluster's infrastructure provisioned (only before the identity is
+        recorded) and its LibvirtCluster cached."""
+        assert scope.cluster is not None
+        scope.lcluster = libvirt_cluster_of(self.cache, scope.cluster)
+        if not scope.lm.spec.domain_uuid and not scope.cluster.infrastructure_provisioned:
+            message = "the Cluster's infrastructure is not provisioned yet"
+        elif scope.lcluster is None:
+            message = (
+                f"the LibvirtCluster of Cluster {scope.namespace}/{scope.cluster_name} "
+                "is not in the cache"
+            )
+        else:
+            return True
+        scope.set(
+            c.ConditionType.DOMAIN_PROVISIONED,
+            False,
+            c.Reason.WAITING_FOR_CLUSTER_INFRASTRUCTURE,
+            message,
+        )
+        return False
+
+    async def _identity(self, scope: MachineScope, target: Target) -> None:
+        """Step 7: hostName, domainUUID, providerID and the placement record, written before
+        anything is created (one spec patch with the finalizer)."""
+        lm, machine = scope.lm, scope.machine
+        assert machine is not None
+        domain_uuid = lm.spec.domain_uuid or _uuid_from_provider_id(lm.spec.provider_id)
+        fresh = domain_uuid is None
+        if domain_uuid is None:
+            domain_uuid = str(uuidlib.uuid4())
+        spec = scope.desired.setdefault("spec", {})
+        spec.setdefault("hostName", target.name)
+        spec["domainUUID"] = domain_uuid
+        spec["providerID"] = c.PROVIDER_ID_PREFIX + domain_uuid
+        annotations = scope.desired.setdefault("metadata", {}).setdefault("annotations", {})
+        annotations[PLACEMENT_ANNOTATION] = target.placement(scope.cluster_name).encode()
+        ident = Identity.of(
+            namespace=scope.namespace,
+            name=lm.metadata.name or "",
+            uid=lm.metadata.uid or "",
+            cluster=scope.cluster_name,
+        )
+        scope.placed = Placed(
+            machine=machine,
+            target=target,
+            ident=ident,
+            domain_uuid=domain_uuid,
+            provisioned=_provisioned(lm),
+        )
+        if fresh or scope.main_changed():
+            await scope.write_main()
+            fault_point("identity-recorded")
+
+    # -- deletion: the steps -----------------------------------------------------------------
+
+    async def _delete(self, scope: MachineScope) -> Result:
+        """The steps of a machine being deleted: finalizer (none: forget it) -> moved away
+        (delete-for-move: drop the finalizer only) -> pause (Paused) -> Ready False/Deleting
+        -> nothing ever created (drop the finalizer) -> locate the host (none: HostNotFound
+        event, drop the finalizer) -> domain, volumes, network entries (`delete`; the
+        failure's reason in DomainProvisioned, Ready's message) -> drop the finalizer."""
+        md = scope.lm.metadata
+        if not md.has_finalizer(c.MACHINE_FINALIZER):
+            self.memory.forget(scope.key)
+            return DONE
+        if md.has_annotation(DELETE_FOR_MOVE_ANNOTATION):
+            # clusterctl move deletes the source objects: the domain now belongs to the
+            # target management cluster and must not be touched
+            return await scope.release()
+        cluster_raw = self.cache.get(
+            CLUSTER, ObjectKey(scope.namespace, md.label(c.CLUSTER_NAME_LABEL) or "")
+        )
+        cluster = None
+        if cluster_raw is not None:
+            with contextlib.suppress(InvalidObject):
+                cluster = parse(Cluster, cluster_raw)
+        if paused(cluster, md):
+            scope.set(c.ConditionType.PAUSED, True, c.Reason.PAUSED)
+            return await scope.close_deleting(DONE)
+        scope.set(c.ConditionType.READY, False, c.Reason.DELETING, "deleting the domain")
+        if scope.lm.spec.domain_uuid is None and not scope.status.get("host"):
+            return await scope.release()  # nothing was ever created
+        located = placement.locate(self.ctx, scope.lm, scope.namespace)
+        if located is None:
+            message = (
+                "cannot tell which host the domain is on (no LibvirtCluster and no placement "
+                f"record); libvirt resources of {scope.namespace}/{md.name} are left in place"
+            )
+            log.warning(message)
+            scope.event("Warning", c.Reason.HOST_NOT_FOUND, message)
+            return await scope.release()
+        target, cluster_name = located
+        ident = Identity.of(
+            namespace=scope.namespace, name=md.name or "", uid=md.uid or "", cluster=cluster_name
+        )
+        try:
+            waiting = await delete.remove_machine(scope, target, ident)
+        except Problem as problem:
+            return await self._delete_failed(scope, problem.failure)
+        except VirtError as exc:
+            return await self._delete_failed(scope, classify(exc))
+        if waiting is not None:
+            return await scope.close_deleting(waiting)
+        return await scope.release()
+
+    async def _delete_failed(self, scope: MachineScope, failure: Failure) -> Result:
+        result = scope.fail(failure)
+        scope.set(c.ConditionType.READY, False, c.Reason.DELETING, failure.message)
+        return await scope.close_deleting(result)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _api_unavailable(exc: ApiError) -> bool:
+    """No answer, throttled or a server-side error: worth a quick retry, not a traceback."""
+    return isinstance(exc, TransportError) or exc.code == 429 or exc.code >= 500
+
+
+def _earlier(result: Result, retry: Result | None) -> Result:
+    """`result`, or `retry` when it asks to come back sooner."""
+    if retry is None:
+        return result
+    retry_in = retry.requeue_after or 0.0
+    if result.requeue_after is None or retry_in < result.requeue_after:
+        return retry
+    return result
+
+
+def _provisioned(lm: LibvirtMachine) -> bool:
+    return bool(lm.status.initialization and lm.status.initialization.provisioned)
+
+
+def _uuid_from_provider_id(provider_id: str | None) -> str | None:
+    if provider_id and provider_id.startswith(c.PROVIDER_ID_PREFIX):
+        return provider_id[len(c.PROVIDER_ID_PREFIX) :].lower() or None
+    return None
+
+
+# -- wiring -----------------------------------------------------------------------------------
+
+
+def setup(manager: Manager, deps: Deps, *, options: MachineOptions | None = None) -> Controller:
+    """Register the LibvirtMachine controller, its indexes, watches and libvirt events.
+
+    `deps.cache` must be `manager.cache`. Returns the Controller (e.g. for tests).
+    """
+    reconciler = LibvirtMachineReconciler(deps, options=options)
+    machines = manager.cache.informer(LIBVIRT_MACHINE)
+    machines.add_indexer(INDEX_DOMAIN_UUID, index_domain_uuid)
+    machines.add_indexer(INDEX_HOST, index_host)
+    machines.add_indexer(INDEX_INTERNAL_IP, index_internal_ip)
+    machines.add_indexer(INDEX_PENDING_HOST, index_pending_host)
+    manager.cache.informer(MACHINE).add_indexer(INDEX_BOOTSTRAP_SECRET, bootstrap_secret_indexer)
+    controller = manager.add_controller(
+        CONTROLLER_NAME,
+        for_=LIBVIRT_MACHINE,
+        reconciler=reconciler,
+        watches=reconciler.watches(manager.cache),
+    )
+    reconciler.bind(controller)
+    manager.add_runnable(reconciler.run_events, name="libvirtmachine-events")
+    manager.add_runnable(reconciler.run_sweeps, name="libvirtmachine-orphan-sweep")
+    return controller
