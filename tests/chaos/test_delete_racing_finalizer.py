@@ -12,7 +12,7 @@ it was created, while one `capl manager` runs undisturbed.
 
 Expected: no leftovers in libvirt (listed directly). The controller guards against the race
 by rolling back what it created when the object vanished under a create, and by an orphan
-sweep by owner UID (capl/controllers/libvirtmachine.py); before that, 7 of 40 machines leaked
+sweep by owner UID (capl/controllers/machine/cleanup.py); before that, 7 of 40 machines leaked
 here. A failure names the leaked domains.
 """
 

@@ -313,7 +313,7 @@ class Demo(DemoState):
 
     async def _start_manager(self) -> None:
         from capl.controllers.libvirtcluster import LibvirtClusterOptions
-        from capl.controllers.libvirtmachine import MachineOptions
+        from capl.controllers.machine import MachineOptions
         from capl.kube.client import KubeClient
         from capl.manager import ProviderOptions, build
         from capl.runtime.manager import ManagerOptions
