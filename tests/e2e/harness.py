@@ -425,8 +425,8 @@ async def start_management(
 ) -> Management:
     """Control plane + `clusterctl init --infrastructure libvirt` + the Cluster API core
     manager + `capl manager` with its webhooks, all ready. Wall times in `.timings` and in
-    the terminal summary. resolv_conf: the core manager's resolver (it connects to workload
-    clusters by their endpoint's name)."""
+    the terminal summary. resolv_conf: the resolver of the core manager and of capl's (both
+    connect to workload clusters by their endpoint's name)."""
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     plane = await plane_factory()  # stopped by the factory
@@ -442,6 +442,7 @@ async def start_management(
         await core.start()
         t3 = time.monotonic()
         capl = await capl_factory(plane, name=f"capl-{name}", extra_args=list(capl_args))
+        capl.resolv_conf = resolv_conf  # it sets the workload Nodes' providerIDs
         await capl.install_webhooks()
         await capl.start()  # stopped by its factory
         t4 = time.monotonic()
