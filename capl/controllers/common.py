@@ -34,7 +34,7 @@ from capl.runtime.clock import Clock
 from capl.runtime.events import Recorder
 from capl.runtime.informer import Cache
 from capl.runtime.objects import Obj, ObjectKey
-from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, SECRET
+from capl.runtime.resources import LIBVIRT_CLUSTER, SECRET
 
 CAPI_GROUP = "cluster.x-k8s.io"
 
@@ -70,15 +70,6 @@ def parse(model: type[M], obj: Mapping[str, Any]) -> M:
 def owner(meta: ObjectMeta, *, kind: str) -> OwnerReference | None:
     """The Cluster API owner of `kind` (any API version of cluster.x-k8s.io)."""
     return meta.owner(kind=kind, group=CAPI_GROUP)
-
-
-def cluster_of(cache: Cache, meta: ObjectMeta) -> Cluster | None:
-    """The Cluster named by the object's cluster-name label, from the cache."""
-    name = meta.label(c.CLUSTER_NAME_LABEL)
-    if not name or not meta.namespace:
-        return None
-    raw = cache.get(CLUSTER, ObjectKey(meta.namespace, name))
-    return None if raw is None else parse(Cluster, raw)
 
 
 def libvirt_cluster_of(cache: Cache, cluster: Cluster) -> LibvirtCluster | None:

@@ -110,7 +110,3 @@ class FakeClock:
     def pending(self) -> int:
         """Number of live timers (for assertions)."""
         return sum(1 for _, _, t in self._timers if not t.cancelled)
-
-    def next_deadline(self) -> float | None:
-        live = [w for w, _, t in self._timers if not t.cancelled]
-        return min(live) if live else None

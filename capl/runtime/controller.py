@@ -29,7 +29,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -205,9 +205,6 @@ class Controller:
         """Enqueue a primary key now (external triggers)."""
         self.queue.add(key)
 
-    def enqueue_after(self, key: ObjectKey, delay: float) -> None:
-        self.queue.add_after(key, delay)
-
     def enqueue_threadsafe(self, key: ObjectKey) -> None:
         """Enqueue from another thread (e.g. the libvirt event thread)."""
         loop = self._loop
@@ -344,10 +341,6 @@ class Controller:
     @property
     def active_workers(self) -> int:
         return self._active
-
-
-def keys_of(objs: Iterable[Obj]) -> list[ObjectKey]:
-    return [ObjectKey(o["metadata"].get("namespace") or "", o["metadata"]["name"]) for o in objs]
 
 
 def label_filter(key: str, value: str) -> Callable[[Obj], bool]:

@@ -24,7 +24,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -227,12 +227,6 @@ class Manager:
         if resource not in self._before_leader:
             self._before_leader.append(resource)
 
-    def add_healthz_check(self, name: str, check: Check) -> None:
-        self._healthz[name] = check
-
-    def add_readyz_check(self, name: str, check: Check) -> None:
-        self._readyz[name] = check
-
     def controller(self, name: str) -> Controller:
         for c in self.controllers:
             if c.name == name:
@@ -393,8 +387,3 @@ class Manager:
             await server.stop()
         self._servers.clear()
         log.info("stopped")
-
-
-def options_with(options: ManagerOptions, **changes: object) -> ManagerOptions:
-    """A copy of options with some fields changed."""
-    return replace(options, **changes)  # type: ignore[arg-type]

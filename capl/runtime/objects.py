@@ -56,11 +56,6 @@ def labels(obj: Mapping[str, Any]) -> dict[str, str]:
     return value if isinstance(value, dict) else {}
 
 
-def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
-    value = meta(obj).get("annotations")
-    return value if isinstance(value, dict) else {}
-
-
 def owner_references(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
     value = meta(obj).get("ownerReferences")
     return value if isinstance(value, list) else []

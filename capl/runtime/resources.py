@@ -24,10 +24,6 @@ class Resource:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
-    @property
-    def group_kind(self) -> str:
-        return f"{self.kind}.{self.group}" if self.group else self.kind
-
     def __str__(self) -> str:
         return f"{self.plural}.{self.group}" if self.group else self.plural
 

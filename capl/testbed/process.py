@@ -210,10 +210,6 @@ class ManagedProcess:
     def log_tail(self, *, lines: int = 40) -> str:
         return tail(self.log_path, lines=lines)
 
-    def log_offset(self) -> int:
-        """The current size of the log (to read only what a later start writes)."""
-        return file_size(self.log_path)
-
     def start(self) -> None:
         """Start the process; its output is appended to the log file."""
         if self.running:
