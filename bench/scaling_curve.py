@@ -28,9 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import steady
 from bench.common import Bed, note, require_parts, write_result
-from bench.scaleout import finish, replay, result, scale_out
+from bench.runs import finish, measure_steady, replay, result, scale_out
 from capl.runtime.logging import configure_logging
 
 
@@ -122,7 +121,7 @@ async def main(argv: list[str]) -> int:
                 points.append(point(run.numbers()))
                 if n == sizes[-1]:
                     if args.steady > 0:
-                        write_result("steady", await steady.measure(bed, run, seconds=args.steady))
+                        write_result("steady", await measure_steady(bed, run, seconds=args.steady))
                     if not args.no_raw:
                         raw = await replay(bed, run, concurrency=args.concurrency)
                         write_result("scaleout", result(run, raw, concurrency=args.concurrency))

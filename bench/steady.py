@@ -34,68 +34,12 @@ import asyncio
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (
-    MANAGER_USER,
-    AuditWindow,
-    Bed,
-    ProcStat,
-    cpu_percent,
-    note,
-    require_parts,
-    write_result,
-)
-from bench.scaleout import MIB, Run, finish, reconcile_counts, replay, result, scale_out, settle
+from bench.common import Bed, require_parts, write_result
+from bench.runs import finish, measure_steady, replay, result, scale_out
 from capl.runtime.logging import configure_logging
-
-CLUSTER_HEALTH_INTERVAL = 60.0  # the manager's default, which these runs keep
-
-
-async def measure(bed: Bed, run: Run, *, seconds: float) -> dict[str, Any]:
-    """The steady window on a finished scale-out (its manager still running)."""
-    manager = run.manager
-    assert manager.pid is not None
-    start = await settle(bed)
-    counts_before = reconcile_counts(await manager.metrics())
-    before = ProcStat.read(manager.pid)
-    note(f"steady state: {run.n} Ready machines, measuring for {seconds:.0f} s")
-    await asyncio.sleep(seconds)
-    after = ProcStat.read(manager.pid)
-    end = bed.plane.audit_offset()
-    counts_after = reconcile_counts(await manager.metrics())
-    window = AuditWindow.read(bed.audit_log, user=MANAGER_USER, start=start, end=end)
-    since_ready = AuditWindow.read(
-        bed.audit_log, user=MANAGER_USER, start=run.started_offset, end=end
-    )
-    body = {
-        "machines": run.n,
-        "seconds": round(after.at - before.at, 2),
-        "cpu_percent_of_core": round(cpu_percent(before, after), 3),
-        "cpu_seconds": round(after.cpu_seconds - before.cpu_seconds, 3),
-        "rss_mb": round(after.rss_bytes / MIB, 1),
-        "rss_peak_mb": round(after.peak_rss_bytes / MIB, 1),
-        "api_requests_in_window": sum(window.verbs.values()),
-        "api_requests_in_window_by_verb": dict(sorted(window.verbs.items())),
-        "list_calls_in_window": window.verbs.get("list", 0),
-        "list_calls_after_start": since_ready.verbs.get("list", 0),
-        "watch_calls_in_window": window.verbs.get("watch", 0),
-        "api_writes_in_window": window.writes,
-        "reconciles_in_window": {
-            k: counts_after[k] - counts_before.get(k, 0.0) for k in sorted(counts_after)
-        },
-        "cluster_health_interval_s": CLUSTER_HEALTH_INTERVAL,
-        "sync_period": "off",
-        "targets": {"cpu_percent_of_core": "< 2", "rss_mb": "< 250", "list_calls": "0"},
-    }
-    note(
-        f"steady: CPU {body['cpu_percent_of_core']:.2f} % of a core, RSS {body['rss_mb']:.0f} MB, "
-        f"{body['api_requests_in_window']} API requests ({body['list_calls_in_window']} LIST), "
-        f"reconciles {body['reconciles_in_window']}"
-    )
-    return body
 
 
 async def main(argv: list[str]) -> int:
@@ -112,7 +56,7 @@ async def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="capl-bench-") as tmp:
         async with Bed(workdir=Path(tmp)) as bed:
             run = await scale_out(bed, args.machines, concurrency=args.concurrency)
-            write_result("steady", await measure(bed, run, seconds=args.seconds))
+            write_result("steady", await measure_steady(bed, run, seconds=args.seconds))
             if not args.no_raw:
                 raw = await replay(bed, run, concurrency=args.concurrency)
                 write_result("scaleout", result(run, raw, concurrency=args.concurrency))

@@ -1,0 +1,248 @@
+"""A scale-out and its steady window, as the benchmarks bench/scaleout.py, bench/steady.py and
+bench/scaling_curve.py run them (their docstrings say what is measured): the shared layer under
+the three command lines, so that none of them imports another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bench.common import (
+    MANAGER_USER,
+    AuditWindow,
+    Bed,
+    BenchCluster,
+    ProcStat,
+    ScaleOut,
+    cpu_percent,
+    cpu_seconds_of,
+    metric_sum,
+    note,
+    parse_metrics,
+    percentile,
+)
+from tests.fixtures.capl import CaplManager
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class Run:
+    """One scale-out: the manager that did it (still running), its cluster and numbers."""
+
+    n: int
+    namespace: str
+    manager: CaplManager
+    cluster: BenchCluster
+    scale: ScaleOut
+    audit: AuditWindow
+    started_offset: int
+    """Audit-log offset right after the manager became ready (its start-up LISTs before)."""
+    idle: ProcStat
+    before: ProcStat
+    after: ProcStat
+    reconciles: dict[str, float]
+    cpu: dict[str, float]
+    """CPU seconds per process over the scale-out (manager, kube-apiserver, etcd, libvirtd,
+    this benchmark)."""
+
+    def numbers(self) -> dict[str, Any]:
+        s = self.scale
+        writes = self.audit.writes
+        return {
+            "machines": self.n,
+            "seconds_create_phase": round(s.last_create - s.first_create, 3),
+            "seconds_to_all_ready": round(s.seconds, 3),
+            "machines_per_s": round(s.machines_per_s, 2),
+            "create_to_ready_p50_s": round(percentile(s.latencies, 0.5), 3),
+            "create_to_ready_p99_s": round(percentile(s.latencies, 0.99), 3),
+            "create_to_ready_max_s": round(max(s.latencies), 3),
+            "api_writes": writes,
+            "api_writes_per_machine": round(writes / self.n, 3),
+            "api_writes_per_machine_libvirtmachines": round(
+                (
+                    self.audit.writes_to("libvirtmachines")
+                    + self.audit.writes_to("libvirtmachines/status")
+                )
+                / self.n,
+                3,
+            ),
+            "api_writes_per_machine_events": round(self.audit.writes_to("events") / self.n, 3),
+            "api_requests": self.audit.summary(),
+            "reconciles_per_machine": {
+                k: round(v / self.n, 3) for k, v in sorted(self.reconciles.items())
+            },
+            "manager_cpu_seconds": round(self.after.cpu_seconds - self.before.cpu_seconds, 2),
+            "cpu_seconds_by_process": {k: round(v, 2) for k, v in self.cpu.items()},
+            "manager_rss_idle_mb": round(self.idle.rss_bytes / MIB, 1),
+            "manager_rss_after_mb": round(self.after.rss_bytes / MIB, 1),
+            "manager_rss_peak_mb": round(self.after.peak_rss_bytes / MIB, 1),
+        }
+
+
+async def settle(bed: Bed, *, quiet: float = 3.0) -> int:
+    """Wait until the manager made no API request but watches for `quiet` seconds (events
+    flushed, no requeue in flight); returns the audit-log offset at that point."""
+    deadline = time.monotonic() + 120
+    last_size, last_change = bed.plane.audit_offset(), time.monotonic()
+    while True:
+        await asyncio.sleep(0.25)
+        size = bed.plane.audit_offset()
+        now = time.monotonic()
+        if size != last_size:
+            window = AuditWindow.read(bed.audit_log, user=MANAGER_USER, start=last_size)
+            last_size = size
+            if sum(n for verb, n in window.verbs.items() if verb != "watch"):
+                last_change = now
+        if now - last_change >= quiet:
+            return size
+        if now > deadline:
+            note("the manager did not go quiet within 120 s; measuring anyway")
+            return size
+
+
+def reconcile_counts(metrics_text: str) -> dict[str, float]:
+    samples = parse_metrics(metrics_text)
+    return {
+        controller: metric_sum(samples, "controller_runtime_reconcile_total", controller=controller)
+        for controller in ("libvirtcluster", "libvirtmachine")
+    }
+
+
+async def scale_out(bed: Bed, n: int, *, concurrency: int = 10) -> Run:
+    """A fresh namespace and manager; N machines to Ready; the manager keeps running."""
+    namespace = await bed.namespace(f"scale{n}")
+    manager = await bed.start_manager(namespace, concurrency=concurrency)
+    assert manager.pid is not None
+    started_offset = bed.plane.audit_offset()
+    idle = ProcStat.read(manager.pid)
+    cluster = await bed.cluster(namespace)
+    offset = await settle(bed, quiet=1.0)
+    counts_before = reconcile_counts(await manager.metrics())
+    processes = bed.processes(manager)
+    cpu_before = cpu_seconds_of(processes)
+    before = ProcStat.read(manager.pid)
+    note(f"{n} machines: creating (manager pid {manager.pid}, RSS {idle.rss_bytes / MIB:.0f} MB)")
+    scale = await bed.machines(cluster, n)
+    end = await settle(bed)
+    after = ProcStat.read(manager.pid)
+    cpu_after = cpu_seconds_of(processes)
+    counts_after = reconcile_counts(await manager.metrics())
+    audit = AuditWindow.read(bed.audit_log, user=MANAGER_USER, start=offset, end=end)
+    run = Run(
+        n=n,
+        namespace=namespace,
+        manager=manager,
+        cluster=cluster,
+        scale=scale,
+        audit=audit,
+        started_offset=started_offset,
+        idle=idle,
+        before=before,
+        after=after,
+        reconciles={k: counts_after[k] - counts_before.get(k, 0.0) for k in counts_after},
+        cpu={k: cpu_after[k] - cpu_before[k] for k in cpu_after if k in cpu_before},
+    )
+    numbers = run.numbers()
+    note(
+        f"{n} machines Ready in {numbers['seconds_to_all_ready']:.1f} s "
+        f"({numbers['machines_per_s']:.1f}/s), p50 {numbers['create_to_ready_p50_s']:.2f} s, "
+        f"p99 {numbers['create_to_ready_p99_s']:.2f} s, "
+        f"{numbers['api_writes_per_machine']:.2f} API writes/machine, "
+        f"RSS {numbers['manager_rss_after_mb']:.0f} MB; CPU s: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in numbers["cpu_seconds_by_process"].items())
+    )
+    return run
+
+
+async def finish(bed: Bed, run: Run) -> None:
+    """Stop the run's manager and remove its machines from the test driver."""
+    await run.manager.stop()
+    started = time.monotonic()
+    removed = await bed.sweep(run.cluster)
+    note(f"removed {removed} domains of {run.namespace} in {time.monotonic() - started:.1f} s")
+
+
+def result(run: Run, raw: dict[str, float], *, concurrency: int) -> dict[str, Any]:
+    """scaleout.json: the run's numbers beside the raw replay of its writes."""
+    numbers = run.numbers()
+    per_machine = numbers["api_writes_per_machine"]
+    return {
+        **numbers,
+        "mode": "capl manager process (test+unix:///default, --namespace, webhooks off)",
+        "concurrency": concurrency,
+        "raw_machines_per_s_sequential": round(raw["sequential"], 2),
+        "raw_machines_per_s_concurrent": round(raw["concurrent"], 2),
+        "raw_writes_per_s_sequential": round(raw["sequential"] * per_machine, 1),
+        "raw_writes_per_s_concurrent": round(raw["concurrent"] * per_machine, 1),
+        "manager_api_writes_per_s": round(numbers["machines_per_s"] * per_machine, 1),
+        "ratio_to_apiserver": round(numbers["machines_per_s"] / raw["sequential"], 3),
+        "ratio_to_apiserver_concurrent": round(numbers["machines_per_s"] / raw["concurrent"], 3),
+        "ratio_definition": (
+            "capl machines/s (first create to last Ready) / machines/s of a tight loop "
+            "replaying the manager's writes for the same machines (spec patch with "
+            "resourceVersion precondition, status patch, Event) on the same API server"
+        ),
+        "target_ratio": 0.7,
+        "create_to_ready_s": [round(x, 3) for x in sorted(run.scale.latencies)],
+    }
+
+
+async def replay(bed: Bed, run: Run, *, concurrency: int) -> dict[str, float]:
+    started = time.monotonic()
+    raw = await bed.raw_replay(run.cluster, concurrency=concurrency)
+    note(
+        f"raw replay of the manager's writes: {raw['sequential']:.1f} machines/s (one loop), "
+        f"{raw['concurrent']:.1f}/s (x{concurrency}), in {time.monotonic() - started:.0f} s"
+    )
+    return raw
+
+
+CLUSTER_HEALTH_INTERVAL = 60.0  # the manager's default, which these runs keep
+
+
+async def measure_steady(bed: Bed, run: Run, *, seconds: float) -> dict[str, Any]:
+    """The steady window on a finished scale-out (its manager still running)."""
+    manager = run.manager
+    assert manager.pid is not None
+    start = await settle(bed)
+    counts_before = reconcile_counts(await manager.metrics())
+    before = ProcStat.read(manager.pid)
+    note(f"steady state: {run.n} Ready machines, measuring for {seconds:.0f} s")
+    await asyncio.sleep(seconds)
+    after = ProcStat.read(manager.pid)
+    end = bed.plane.audit_offset()
+    counts_after = reconcile_counts(await manager.metrics())
+    window = AuditWindow.read(bed.audit_log, user=MANAGER_USER, start=start, end=end)
+    since_ready = AuditWindow.read(
+        bed.audit_log, user=MANAGER_USER, start=run.started_offset, end=end
+    )
+    body = {
+        "machines": run.n,
+        "seconds": round(after.at - before.at, 2),
+        "cpu_percent_of_core": round(cpu_percent(before, after), 3),
+        "cpu_seconds": round(after.cpu_seconds - before.cpu_seconds, 3),
+        "rss_mb": round(after.rss_bytes / MIB, 1),
+        "rss_peak_mb": round(after.peak_rss_bytes / MIB, 1),
+        "api_requests_in_window": sum(window.verbs.values()),
+        "api_requests_in_window_by_verb": dict(sorted(window.verbs.items())),
+        "list_calls_in_window": window.verbs.get("list", 0),
+        "list_calls_after_start": since_ready.verbs.get("list", 0),
+        "watch_calls_in_window": window.verbs.get("watch", 0),
+        "api_writes_in_window": window.writes,
+        "reconciles_in_window": {
+            k: counts_after[k] - counts_before.get(k, 0.0) for k in sorted(counts_after)
+        },
+        "cluster_health_interval_s": CLUSTER_HEALTH_INTERVAL,
+        "sync_period": "off",
+        "targets": {"cpu_percent_of_core": "< 2", "rss_mb": "< 250", "list_calls": "0"},
+    }
+    note(
+        f"steady: CPU {body['cpu_percent_of_core']:.2f} % of a core, RSS {body['rss_mb']:.0f} MB, "
+        f"{body['api_requests_in_window']} API requests ({body['list_calls_in_window']} LIST), "
+        f"reconciles {body['reconciles_in_window']}"
+    )
+    return body
