@@ -8,7 +8,7 @@ so the controller's status patch answers 404. What it created must be rolled bac
 
 The sweep is driven by hand (`reconciler.sweep()`, the periodic runnable off) with no grace
 period, so "two consecutive sweeps" is two calls; the grace timing itself is unit-tested
-(tests/unit/test_machine_plan.py, OrphanTracker on explicit times).
+(tests/unit/controllers/test_machine_plan.py, OrphanTracker on explicit times).
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ async def test_build_hands_the_limits_to_libvirt_hosts(monkeypatch: pytest.Monke
 
 
 def test_readme_names_every_libvirt_flag() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     row = next(line for line in readme.splitlines() if line.startswith("| `capl manager` |"))
     named = set(re.findall(r"`(--[a-z-]+)", row))
     assert set(FLAGS) <= named

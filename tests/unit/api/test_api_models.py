@@ -33,7 +33,7 @@ from capl.api.defaults import (
 )
 from capl.api.kinds import KINDS, KINDS_BY_NAME
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SAMPLES = REPO / "config" / "samples"
 T0 = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
 

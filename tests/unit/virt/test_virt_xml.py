@@ -1,8 +1,8 @@
 """The libvirt XML builders and parsers: golden files, escaping, control characters.
 
-Golden files live in tests/unit/golden/. After an intended change of a builder, regenerate
-them with ``CAPL_UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/test_virt_xml.py`` and review the
-diff like code.
+Golden files live in tests/unit/virt/golden/. After an intended change of a builder,
+regenerate them with ``CAPL_UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/virt/test_virt_xml.py``
+and review the diff like code.
 """
 
 from __future__ import annotations

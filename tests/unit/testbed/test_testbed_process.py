@@ -20,7 +20,7 @@ from capl.testbed.process import ManagedProcess, ProcessFailed, tail
 
 DEADLINE = 30.0  # seconds: a failure bound, never a synchronisation device
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def alive(pid: int) -> bool:

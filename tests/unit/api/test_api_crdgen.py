@@ -16,7 +16,7 @@ from capl.api.admission import WEBHOOKS
 from capl.api.kinds import KINDS, KindInfo
 from capl.api.rbac import LEADER_ELECTION_RULES, MANAGER_RULES, is_allowed
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CRD_DIR = REPO / "config" / "crd" / "bases"
 
 

@@ -1,0 +1,1 @@
+"""Unit tests of the reconcilers and their pure parts (capl.controllers)."""

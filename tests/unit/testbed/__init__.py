@@ -1,0 +1,1 @@
+"""Unit tests of the test bed as a library (capl.testbed)."""

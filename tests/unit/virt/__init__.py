@@ -1,0 +1,1 @@
+"""Unit tests of the libvirt XML builders and parsers and the pool drivers (capl.virt)."""

@@ -1,0 +1,1 @@
+"""Unit tests of the admission webhooks (capl.webhooks)."""
