@@ -68,6 +68,7 @@ from capl.runtime.resources import (
 )
 from capl.runtime.resources import NAMESPACE as NAMESPACES
 from capl.testbed import AssetsMissing, ControlPlane, find_assets
+from capl.testbed.caplmanager import CaplManager
 from tests.controllers.conftest import (
     BASE_VOLUME,
     bootstrap_secret_obj,
@@ -81,7 +82,6 @@ from tests.controllers.conftest import (
     machine_obj,
     write_reduced_crds,
 )
-from tests.fixtures.capl import CaplManager
 from tests.fixtures.controlplane import CRD_DIR
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -24,7 +24,7 @@ from bench.common import (
     parse_metrics,
     percentile,
 )
-from tests.fixtures.capl import CaplManager
+from capl.testbed.caplmanager import CaplManager
 
 MIB = 1024 * 1024
 

@@ -37,9 +37,10 @@ from typing import Any
 import pytest
 
 from capl.testbed import ControlPlane
+from capl.testbed.caplmanager import CaplManager
 from tests.chaos.bed import ChaosBed, figures
 from tests.fixtures.bed import bed_fixture
-from tests.fixtures.capl import CaplManager, CaplManagerFactory
+from tests.fixtures.capl import CaplManagerFactory
 
 LAST = "test_libvirtd_restart.py"
 

@@ -22,8 +22,9 @@ import pytest
 
 from capl.controllers.machine.plan import FAULT_ENV, FAULT_EXIT_CODE, FAULT_STEPS
 from capl.testbed import ControlPlane
+from capl.testbed.caplmanager import CaplManager
 from tests.fixtures.bed import Host, ManagerBed, bed_for
-from tests.fixtures.capl import CaplManager, CaplManagerFactory
+from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import eventually
 
 pytestmark = pytest.mark.apiserver

@@ -5,7 +5,7 @@ Management cluster (`Management`, `start_management`)
     One empty control plane (`control_plane_factory`), `clusterctl init --infrastructure
     libvirt` from the local repositories (core + capl's release), the Cluster API core
     manager as a local process with its webhooks re-pointed at loopback (`CapiCore`), and
-    `capl manager` as a process (`tests.fixtures.capl.CaplManager`) with capl's webhook
+    `capl manager` as a process (`capl.testbed.caplmanager.CaplManager`) with capl's webhook
     configurations pointed at it. Exactly what a user gets from `clusterctl init`, except that
     the managers run as processes instead of Deployments (there is no kubelet).
 
@@ -114,9 +114,10 @@ from capl.runtime.resources import (
 )
 from capl.testbed import ControlPlane
 from capl.testbed.capi import CapiAssets, CapiCore
+from capl.testbed.caplmanager import CaplManager
 from capl.testbed.clusterctl import Clusterctl, LocalProvider
 from tests.fixtures.capi import new_clusterctl, record_timing
-from tests.fixtures.capl import CaplManager, CaplManagerFactory
+from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import eventually
 from tests.fixtures.libvirt import GuestMarker, ignition_config, parse_markers
 from tests.fixtures.libvirt_direct import (

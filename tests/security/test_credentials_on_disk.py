@@ -32,8 +32,9 @@ import yaml
 
 from capl.runtime.resources import LIBVIRT_CLUSTER
 from capl.testbed import ControlPlane
+from capl.testbed.caplmanager import CaplManager
 from tests.fixtures.bed import Host
-from tests.fixtures.capl import CaplManager, CaplManagerFactory
+from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import eventually
 from tests.fixtures.transports import SshServer, TlsLibvirtd, ssh_server
 from tests.security.bed import FileEntry, SecurityBed, tree

@@ -34,7 +34,8 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from capl.api import constants as c
 from capl.api.admission import WEBHOOKS
 from capl.testbed import ControlPlane, certs
-from tests.fixtures.capl import CaplManager, CaplManagerFactory
+from capl.testbed.caplmanager import CaplManager
+from tests.fixtures.capl import CaplManagerFactory
 
 pytestmark = [
     pytest.mark.apiserver,
