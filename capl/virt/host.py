@@ -303,6 +303,9 @@ class LibvirtHost:
     async def get_network(self, name: str) -> NetworkInfo | None:
         return await self._conn.run(f"read network {name}", lambda c: networks.get_network(c, name))
 
+    async def network_cidrs(self) -> list[str]:
+        return await self._conn.run("list networks", networks.network_cidrs)
+
     async def delete_network(self, *, name: str, owner: ClusterOwner) -> bool:
         def op(c: Any) -> bool:
             with self._locks.get("network", name):

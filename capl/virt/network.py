@@ -3,9 +3,10 @@
 - Networks are defined persistently, started and autostarted: ``AFFECT_CONFIG`` updates fail
   on transient networks, and live-only entries vanish on a host reboot (libvirt-notes.md).
 - Before creating a NAT/isolated network its CIDR is compared with every other network on
-  the host (active or not); a bridge-mode network needs its bridge to exist (libvirt itself
-  starts a bridge-mode network on a missing bridge without complaint). A network whose start
-  fails is undefined again: nothing half-created stays.
+  the host (active or not: ``defined_cidrs``, which ``network_cidrs`` answers from too); a
+  bridge-mode network needs its bridge to exist (libvirt itself starts a bridge-mode network
+  on a missing bridge without complaint). A network whose start fails is undefined again:
+  nothing half-created stays.
 
 DHCP reservations and DNS host records are ``capl.virt.network_hosts``, the per-host cache of
 them ``capl.virt.network_cache`` (re-exported here).
@@ -38,6 +39,7 @@ from capl.virt.support import code_of, lookup
 __all__ = [
     "NetworkCache",
     "NetworkEntries",
+    "defined_cidrs",
     "delete_network",
     "dhcp_leases",
     "ensure_network",
@@ -45,6 +47,7 @@ __all__ = [
     "leased_addresses",
     "leases",
     "lookup_network",
+    "network_cidrs",
     "network_info",
     "network_xml",
     "require_network",
@@ -93,13 +96,14 @@ def get_network(c: Any, name: str) -> NetworkInfo | None:
     return network_info(network) if network is not None else None
 
 
-def _check_overlap(c: Any, spec: NetworkSpec) -> None:
-    wanted = address_plan(spec).network
+def defined_cidrs(c: Any) -> list[tuple[str, str]]:
+    """``(name, IPv4 CIDR)`` of every network defined on the host, active or not, whoever owns
+    it, from its persistent definition; networks without IPv4 are left out, and so is one
+    that goes away while it is read."""
+    found = []
     for other in c.listAllNetworks(0):
-        other_name = other.name()
-        if other_name == spec.name:
-            continue
         try:
+            name = str(other.name())
             parsed = parse_network_xml(
                 network_xml(other, inactive=True),
                 active=False,
@@ -110,12 +114,25 @@ def _check_overlap(c: Any, spec: NetworkSpec) -> None:
             if code_of(exc) == _NO_NET:  # went away meanwhile
                 continue
             raise
-        if parsed.cidr and wanted.overlaps(ipaddress.IPv4Network(parsed.cidr)):
+        if parsed.cidr:
+            found.append((name, parsed.cidr))
+    return found
+
+
+def network_cidrs(c: Any) -> list[str]:
+    """The IPv4 CIDR of every network on the host (see ``defined_cidrs``)."""
+    return [cidr for _, cidr in defined_cidrs(c)]
+
+
+def _check_overlap(c: Any, spec: NetworkSpec) -> None:
+    wanted = address_plan(spec).network
+    for other_name, other_cidr in defined_cidrs(c):
+        if other_name != spec.name and wanted.overlaps(ipaddress.IPv4Network(other_cidr)):
             raise NetworkOverlap(
                 f"network {spec.name!r}: CIDR {wanted} overlaps network {other_name!r} "
-                f"({parsed.cidr}) on this host",
+                f"({other_cidr}) on this host",
                 other_network=other_name,
-                other_cidr=parsed.cidr,
+                other_cidr=other_cidr,
             )
 
 

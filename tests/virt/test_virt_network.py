@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 from collections.abc import AsyncIterator
+from typing import Any
 
 import libvirt
 import pytest
@@ -108,6 +109,67 @@ async def test_cidr_overlap_names_the_other_network(host: LibvirtHost) -> None:
     assert info.value.other_cidr == "192.168.122.0/24"
     assert info.value.reason == "NetworkOverlap"
     assert await host.get_network(spec.name) is None  # nothing half-created
+
+
+def _raw_network(name: str, ip: str) -> str:
+    """A network capl did not create (no owner tag); ``ip``: its ``<ip>`` elements."""
+    return f"<network><name>{name}</name><bridge name='v{name[-8:]}'/>{ip}</network>"
+
+
+async def test_network_cidrs_lists_every_defined_ipv4_network(
+    host: LibvirtHost, network: tuple[str, ClusterOwner]
+) -> None:
+    name, owner = network
+    ours = await host.get_network(name)
+    assert ours is not None
+    assert ours.cidr is not None
+    suffix = secrets.token_hex(4)
+    foreign, ipv6, bare = (f"capl-test-{kind}-{suffix}" for kind in ("foreign", "v6", "bare"))
+    before = await host.network_cidrs()
+    assert "192.168.122.0/24" in before  # the test driver's own "default"
+    assert ours.cidr in before
+    foreign_cidr = next(cidr for cidr in iter(_cidr, "") if cidr not in before)
+    documents = [
+        _raw_network(foreign, f"<ip address='{foreign_cidr[:-4]}1' netmask='255.255.255.0'/>"),
+        _raw_network(ipv6, "<ip family='ipv6' address='fd00:c::1' prefix='64'/>"),
+        _raw_network(bare, ""),
+    ]
+
+    def define(c: Any) -> None:
+        for document in documents:
+            c.networkDefineXML(document)  # defined, never started
+
+    def undefine(c: Any) -> None:
+        for other in (foreign, ipv6, bare):
+            c.networkLookupByName(other).undefine()
+
+    await host.connection.run("define raw networks", define)
+    try:
+        after = await host.network_cidrs()
+    finally:
+        await host.connection.run("undefine raw networks", undefine)
+    # an inactive network nobody tagged counts; networks without IPv4 are left out
+    assert sorted(after) == sorted([*before, foreign_cidr])
+    await host.delete_network(name=name, owner=owner)
+    assert ours.cidr not in await host.network_cidrs()
+
+
+async def test_demo_picks_a_cidr_no_network_has(host: LibvirtHost) -> None:
+    from capl.commands.demo.network import pick_network
+
+    owner = _owner()
+    name = "capl-test-" + secrets.token_hex(4)
+    await host.ensure_network(
+        NetworkSpec(name=name, mode=NetworkMode.ISOLATED, owner=owner, cidr="10.213.0.0/24")
+    )
+    try:
+        picked = ipaddress.IPv4Network(await pick_network(URI, domain_type="test"))
+        taken = [ipaddress.IPv4Network(cidr) for cidr in await host.network_cidrs()]
+    finally:
+        await host.delete_network(name=name, owner=owner)
+    assert ipaddress.IPv4Network("10.213.0.0/24") in taken
+    assert not any(picked.overlaps(other) for other in taken)
+    assert picked.subnet_of(ipaddress.IPv4Network("10.213.0.0/16"))
 
 
 async def test_dhcp_reservations(host: LibvirtHost, network: tuple[str, ClusterOwner]) -> None:

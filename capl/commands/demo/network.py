@@ -1,10 +1,10 @@
 """The demo network: a free /24 on the host, found before anything starts.
 
-``pick_network`` asks the libvirt host (through ``capl.virt``) for its domain types (the
-``--domain-type`` must be one of them) and the CIDR of every network it has, adds this
-machine's routes when the host is this machine, and picks the first /24 that overlaps none
-of them (``pick_cidr``, searching 10.213.0.0/16 first). The host's networks are read in the libvirt
-worker thread (``_network_cidrs``) until the host port lists networks itself.
+``pick_network`` asks the libvirt host (the ``Host`` port, ``capl.virt``'s adapter) for its
+domain types (the ``--domain-type`` must be one of them) and the CIDR of every network it has
+(``network_cidrs``, what ``ensure_network`` checks a new network against), adds this machine's
+routes when the host is this machine, and picks the first /24 that overlaps none of them
+(``pick_cidr``, searching 10.213.0.0/16 first).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import ipaddress
 import struct
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from capl.commands.demo.plan import is_local_uri, is_test_driver
 from capl.errors import EXIT_UNREACHABLE, EXIT_USAGE, CliError
@@ -37,7 +37,9 @@ async def pick_network(uri: str, *, domain_type: str) -> str:
         host = hosts.get(uri=uri)
         try:
             info = await host.info()
-            taken = await host.connection.run("list networks", _network_cidrs)
+            taken = [
+                ipaddress.IPv4Network(cidr, strict=False) for cidr in await host.network_cidrs()
+            ]
         except VirtError as exc:
             raise CliError(
                 f"cannot reach the libvirt host {uri}: {exc} (on this machine: "
@@ -57,21 +59,6 @@ async def pick_network(uri: str, *, domain_type: str) -> str:
         with contextlib.suppress(OSError):
             taken += local_routes(await asyncio.to_thread(Path("/proc/net/route").read_text))
     return pick_cidr(taken)
-
-
-def _network_cidrs(conn: Any) -> list[ipaddress.IPv4Network]:
-    """Runs in the libvirt worker thread: the CIDR of every network on the host."""
-    from capl.virt.networkxml import parse_network_xml
-
-    cidrs = []
-    for network in conn.listAllNetworks(0):
-        with contextlib.suppress(Exception):
-            info = parse_network_xml(
-                network.XMLDesc(0), active=False, persistent=True, autostart=False
-            )
-            if info.cidr:
-                cidrs.append(ipaddress.IPv4Network(info.cidr, strict=False))
-    return cidrs
 
 
 def local_routes(proc_net_route: str) -> list[ipaddress.IPv4Network]:

@@ -114,6 +114,12 @@ class HostNetworks(Protocol):
 
     async def get_network(self, name: str) -> NetworkInfo | None: ...
 
+    async def network_cidrs(self) -> list[str]:
+        """The IPv4 CIDR of every network defined on the host (active or not, whoever owns
+        it; networks without IPv4 are left out): what ``ensure_network`` checks a new CIDR
+        against."""
+        ...
+
     async def delete_network(self, *, name: str, owner: ClusterOwner) -> bool:
         """Destroy + undefine if tagged with ``owner``; untagged/foreign: left alone, False."""
         ...
