@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -31,18 +31,11 @@ from tests.fixtures.capi import ControlPlaneFactory
 from tests.fixtures.capl import CaplManagerFactory
 from tests.kcp.bed import KcpCluster, create_kcp_cluster
 from tests.nodes.bed import delete_real_cluster
-from tests.nodes.conftest import node_image
+from tests.nodes.conftest import node_image, view
 
-__all__ = ["node_image"]
+__all__ = ["node_image", "view"]
 
 CAPL_KCP_ARGS = ("--machine-shutdown-timeout=30s", "--bootstrap-timeout=20m")
-
-
-@pytest.fixture(scope="module")
-def view(libvirtd_uri: str) -> Iterator[LibvirtView]:
-    libvirt_view = LibvirtView(libvirtd_uri)
-    yield libvirt_view
-    libvirt_view.close()
 
 
 @pytest.fixture(scope="module")
