@@ -64,12 +64,12 @@ from capl.testbed.assets import (
     free_port,
 )
 from capl.testbed.audit import DEFAULT_AUDIT_POLICY, read_audit_events
+from capl.testbed.kubectl import Kubectl, apply_and_wait_for_crds, run_kubectl
 from capl.testbed.process import (
     ManagedProcess,
     ReadyCheck,
     child_env,
     retry_lost_port,
-    run_captured,
     wait_until_ready,
 )
 from capl.testbed.workdirs import OWNER_FILE, WORKDIR_PREFIX, process_identity, sweep_stale_workdirs
@@ -91,13 +91,6 @@ SERVICE_ACCOUNT_ISSUER: Final = "https://kubernetes.default.svc.cluster.local"
 ADMIN_USER: Final = "capl-testbed-admin"
 
 _POLL_INTERVAL = 0.1
-
-
-def _manifest_files(directory: Path) -> list[Path]:
-    if not directory.is_dir():
-        return []
-    suffixes = {".yaml", ".yml", ".json"}
-    return sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in suffixes)
 
 
 class ControlPlane:
@@ -541,46 +534,19 @@ class ControlPlane:
 
     async def kubectl(self, *args: str, stdin: bytes | None = None, within: float = 120.0) -> str:
         """Run kubectl as the admin against this control plane; returns its stdout."""
-        argv = [
-            str(self.assets.kubectl),
-            f"--kubeconfig={self.kubeconfig}",
-            f"--cache-dir={self.workdir / 'kubectl-cache'}",
-            *args,
-        ]
-        rc, out, err = await run_captured(argv, env=child_env(), stdin=stdin, within=within)
-        if rc != 0:
-            raise ControlPlaneError(
-                f"kubectl {' '.join(args)} failed with status {rc}: {err.strip()}"
-            )
-        return out
+        return await run_kubectl(self._kubectl_context(), *args, stdin=stdin, within=within)
 
     async def install_crds(self, directory: Path, *, within: float = 60.0) -> list[str]:
-        """Apply every manifest in `directory` (server-side) and wait for its CRDs.
+        """Apply every manifest in `directory` (server-side) and wait for its CRDs
+        (`capl.testbed.kubectl.apply_and_wait_for_crds`); returns the CRDs' names."""
+        return await apply_and_wait_for_crds(self._kubectl_context(), directory, within=within)
 
-        Returns the names of the CustomResourceDefinitions, once all are Established. A
-        missing or empty directory installs nothing.
-        """
-        files = _manifest_files(directory)
-        if not files:
-            return []
-        file_args = [arg for f in files for arg in ("-f", str(f))]
-        out = await self.kubectl(
-            "apply", "--server-side", "--force-conflicts", "--field-manager=capl-testbed",
-            "-o", "name", *file_args,
-        )  # fmt: skip
-        crds = [
-            line.strip()
-            for line in out.splitlines()
-            if line.startswith("customresourcedefinition.apiextensions.k8s.io/")
-        ]
-        if crds:
-            await self.kubectl(
-                "wait", "--for=condition=Established", f"--timeout={within:.0f}s", *crds,
-                within=within + 30,
-            )  # fmt: skip
-        names = [c.split("/", 1)[1] for c in crds]
-        log.info("installed %d CRD(s) from %s: %s", len(names), directory, ", ".join(names))
-        return names
+    def _kubectl_context(self) -> Kubectl:
+        return Kubectl(
+            binary=self.assets.kubectl,
+            kubeconfig=self.kubeconfig,
+            cache_dir=self.workdir / "kubectl-cache",
+        )
 
     # ---------------------------------------------------------------- audit log
 
