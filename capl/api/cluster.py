@@ -6,7 +6,9 @@ Design notes:
   apply merges per host. Each host is one Cluster API failure domain named after it.
 - `network` either adopts an existing libvirt network (`name` only, never modified or
   deleted) or describes one capl creates on every host (`cidr`, `mode` nat or isolated), or
-  a bridge-mode network onto an existing host bridge (`mode: bridge`, `bridge`). Names that
+  a bridge-mode network onto an existing host bridge (`mode: bridge`, `bridge`). A created
+  nat or isolated network is one island per host, so it is refused with more than one host
+  (bridge mode on a shared LAN is the multi-host network). Names that
   are left empty are filled in by `capl.api.defaults` (mutating webhook, and the controller
   for API servers without the webhook) from the cluster's namespace and name.
 - What identifies created infrastructure (network, pool) is set once and then immutable:
@@ -150,6 +152,18 @@ _CLUSTER_SPEC_RULES = (
         "self.hosts.exists(h, !has(h.controlPlane) || h.controlPlane)",
         "hosts: at least one host must allow control-plane machines (controlPlane: true)",
         field_path=".hosts",
+    ),
+    # A nat or isolated network capl creates is one libvirt network per host, each its own
+    # L2 island behind its own bridge: machines on different hosts could not reach each
+    # other, and api.<dnsDomain> would resolve to addresses some nodes cannot reach.
+    # libvirt cannot express routes between hosts' networks, so this is refused.
+    cel(
+        "!has(self.network.cidr) || self.network.mode == 'bridge' || size(self.hosts) == 1",
+        "network.mode nat or isolated with more than one host: capl creates the network on"
+        " each host as a separate island (its own bridge and DHCP), so machines on different"
+        " hosts could not reach each other or the control-plane endpoint; use mode bridge"
+        " with a bridge on a LAN all hosts share, or a single host",
+        field_path=".network.mode",
     ),
 )
 

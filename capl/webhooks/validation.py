@@ -15,7 +15,9 @@ never blocked), while every new problem is still caught.
 
 What is checked:
 
-- LibvirtCluster: the CIDR is a network address; the DHCP range lies inside it, avoids the
+- LibvirtCluster: an adopted network on several hosts gets a warning (capl cannot see
+  whether it spans them; a created nat/isolated one on several hosts is refused by the CRD's
+  own rule); the CIDR is a network address; the DHCP range lies inside it, avoids the
   network, gateway and broadcast addresses and is ordered; a control-plane VIP inside the
   CIDR is outside the DHCP range; the CIDR does not overlap, and a created network's name
   does not collide with, another LibvirtCluster's network on a shared host.
@@ -124,6 +126,12 @@ def _same_object(a: ObjectMeta, b: ObjectMeta) -> bool:
 def _check_network_spec(spec: LibvirtClusterSpec, prefix: str, verdict: Verdict) -> None:
     net = spec.network
     if net.cidr is None:
+        if net.mode != "bridge" and len(spec.hosts) > 1:
+            verdict.warnings.append(
+                f"{prefix}.network.name: network {net.name} is adopted on {len(spec.hosts)}"
+                " hosts; it must be one L2 segment (or routed) across them, which a libvirt"
+                " nat or isolated network on each host is not"
+            )
         if net.mode == "bridge" and not (
             spec.control_plane_endpoint and spec.control_plane_endpoint.host
         ):

@@ -168,7 +168,10 @@ async def test_failure_domains_and_an_unreachable_host(
                 {"name": "kvm2", "uri": shared_test_driver, "controlPlane": False},
                 {"name": "kvm3", "uri": UNREACHABLE_URI, "controlPlane": False},
             ],
-            "network": {"mode": "isolated", "cidr": random_cidr()},
+            # several hosts: a bridge-mode network (nat/isolated would be one island per
+            # host, refused by the CRD), created by capl on every host like the others
+            "network": {"mode": "bridge", "bridge": "capl-lan0"},
+            "controlPlaneEndpoint": {"host": "10.9.0.10", "port": 6443},
         },
     )
     reachable = await wait_condition(h, name, c.ConditionType.HOSTS_REACHABLE, "False")

@@ -299,6 +299,20 @@ async def test_samples_are_accepted(control_plane: ControlPlane, namespace: str)
         KINDS_BY_NAME[item["kind"]].model.model_validate(item)
 
 
+async def test_several_hosts_share_a_bridge_mode_network_or_an_adopted_one(
+    objects: client.CustomObjectsApi, namespace: str
+) -> None:
+    """The multi-host refusal is about networks capl creates per host in nat/isolated mode
+    only: bridge mode (a LAN all hosts share) and an adopted network stay allowed."""
+    bridged = at(
+        at(C, "spec.hosts", TWO_HOSTS), "spec.network", {"mode": "bridge", "bridge": "br0"}
+    )
+    adopted = at(at(C, "spec.hosts", TWO_HOSTS), "spec.network", {"name": "lan"})
+    for name, body in (("bridged", bridged), ("adopted", adopted)):
+        created = await create(objects, namespace, at(body, "metadata.name", name))
+        assert len(created["spec"]["hosts"]) == 2
+
+
 async def test_printer_columns_and_short_names(
     control_plane: ControlPlane, objects: client.CustomObjectsApi, namespace: str
 ) -> None:
@@ -416,6 +430,7 @@ def cluster_template() -> dict[str, Any]:
 
 
 M, C = machine(), cluster()
+TWO_HOSTS = [{"name": "h0", "uri": "qemu:///system"}, {"name": "h1", "uri": "qemu+tls://h1/system"}]
 NICS = "spec.networkInterfaces"
 # (case id, object, substring the API server's message must contain: the field's path)
 MALFORMED: list[tuple[str, dict[str, Any], str]] = [
@@ -543,6 +558,18 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
         "cluster-template-cidr",
         at(cluster_template(), "spec.template.spec.network.cidr", "10.0.0.0/2"),
         "spec.template.spec.network.cidr",
+    ),
+    # a created nat/isolated network on several hosts would be one island per host
+    ("cluster-nat-two-hosts", at(C, "spec.hosts", TWO_HOSTS), "spec.network.mode"),
+    (
+        "cluster-isolated-two-hosts",
+        at(at(C, "spec.hosts", TWO_HOSTS), "spec.network.mode", "isolated"),
+        "spec.network.mode",
+    ),
+    (
+        "cluster-template-nat-two-hosts",
+        at(cluster_template(), "spec.template.spec.hosts", TWO_HOSTS),
+        "spec.template.spec.network.mode",
     ),
 ]
 

@@ -258,6 +258,21 @@ def test_bridge_mode_without_endpoint_warns() -> None:
     assert "controlPlaneEndpoint" in verdict.warnings[0]
 
 
+def test_an_adopted_network_on_several_hosts_warns_that_it_must_span_them() -> None:
+    two = [{"name": "h0", "uri": "qemu:///system"}, {"name": "h1", "uri": "qemu+tls://h1/system"}]
+    verdict = validate_libvirt_cluster(cluster(hosts=two, network={"name": "lan"}))
+    assert verdict.allowed
+    assert len(verdict.warnings) == 1
+    assert verdict.warnings[0].startswith("spec.network.name: network lan is adopted on 2 hosts")
+    # one host, or bridge mode across hosts: nothing to warn about
+    assert not validate_libvirt_cluster(cluster(network={"name": "lan"})).warnings
+    endpoint = {"host": "10.0.0.5", "port": 6443}
+    bridged = cluster(
+        hosts=two, network={"mode": "bridge", "bridge": "br0"}, controlPlaneEndpoint=endpoint
+    )
+    assert not validate_libvirt_cluster(bridged).warnings
+
+
 # --- LibvirtMachine --------------------------------------------------------------------------
 
 
