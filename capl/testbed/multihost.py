@@ -36,6 +36,7 @@ stops what it made and raises `BedError` with the tail of the failing daemon's l
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -108,6 +109,9 @@ class BedHost:
     transport: str
     host_uuid: str
     credentials: dict[str, bytes] = field(repr=False, compare=False)
+    local_uri: str = ""
+    """The host's own UNIX socket, reachable by path from the root namespace: for a test's
+    direct look at the host (no credentials involved)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,6 +213,7 @@ def _describe(root: Path) -> MultihostBed:
             transport=p.transport,
             host_uuid=p.host_uuid,
             credentials=_credentials(root, p.transport),
+            local_uri=f"qemu+unix:///system?socket={HostDirs(root / p.name).run}/libvirt-sock",
         )
         for p in HOSTS
     )
@@ -309,12 +314,18 @@ def _build(root: Path) -> None:
     start_dnsmasq(
         bridge=LAN_BRIDGE, dhcp_range=DHCP_RANGE, netmask="255.255.255.0", workdir=root / "lan"
     )
-    for plan in HOSTS:
-        dirs = HostDirs(root / plan.name)
-        holder = start_holder(plan, dirs, shared=root / "shared")
-        start_daemons(plan, dirs, holder)
+    # the hosts start side by side (each libvirtd probes QEMU for a few seconds)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(HOSTS)) as pool:
+        for job in [pool.submit(_start_host, plan, root) for plan in HOSTS]:
+            job.result()
     description = {"hosts": [asdict(p) | {"uri": p.uri, "lan_ip": p.lan_ip} for p in HOSTS]}
     (root / "bed.json").write_text(json.dumps(description, indent=2) + "\n")
+
+
+def _start_host(plan: HostPlan, root: Path) -> None:
+    dirs = HostDirs(root / plan.name)
+    holder = start_holder(plan, dirs, shared=root / "shared")
+    start_daemons(plan, dirs, holder)
 
 
 def stop(root: Path | None = None, *, say: Any = print) -> list[str]:
