@@ -312,19 +312,20 @@ def _daemon_pid(dirs: HostDirs, daemon: str, holder: int) -> int | None:
 
 
 def _start_daemon(dirs: HostDirs, daemon: str, holder: int, argv: list[str]) -> int:
+    who = f"{dirs.root.name}: {daemon}"
     dirs.pid_file(daemon).unlink(missing_ok=True)
     done = subprocess.run(
         in_host(holder, argv), capture_output=True, text=True, env=_ENV, check=False, timeout=60
     )
     if done.returncode != 0:
         raise BedError(
-            f"{daemon} did not start ({done.returncode}): {(done.stderr or done.stdout).strip()}"
+            f"{who} did not start ({done.returncode}): {(done.stderr or done.stdout).strip()}"
             + _log_tail(dirs.log_file(daemon))
         )
     return wait_until(
         lambda: _daemon_pid(dirs, daemon, holder),
         within=10.0,
-        what=f"{daemon} wrote its pid file",
+        what=f"{who} wrote its pid file",
         logs=[dirs.log_file(daemon)],
     )
 
