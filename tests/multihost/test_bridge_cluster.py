@@ -132,6 +132,33 @@ async def wait_for_addresses(bed: ManagerBed, started: float) -> dict[str, str]:
     return found
 
 
+def assert_leased_on_the_lan(lan: MultihostBed, ips: dict[str, str]) -> None:
+    """Two distinct addresses of the LAN's DHCP range, in the LAN dnsmasq's leases."""
+    network = ipaddress.ip_network(f"{lan.gateway}/{lan.prefix_len}", strict=False)
+    low, high = (ipaddress.ip_address(a) for a in lan.dhcp_range)
+    for name, ip in ips.items():
+        assert ipaddress.ip_address(ip) in network, ip
+        assert low <= ipaddress.ip_address(ip) <= high, ip
+        assert ip in lan.leases(), f"{name}: {ip} was not leased by the LAN's DHCP server"
+    assert len(set(ips.values())) == len(ips)
+
+
+async def placed_and_running(bed: ManagerBed, lan: MultihostBed) -> dict[str, str]:
+    """Each machine on its host, its domain running there (looked at directly); the UUIDs."""
+    uuids = {}
+    for name, host in ON.items():
+        obj = await bed.get(LIBVIRT_MACHINE, name)
+        assert obj is not None
+        assert obj["spec"]["hostName"] == host
+        uuids[name] = str(obj["spec"]["domainUUID"])
+        conn = open_libvirt(lan.host(host).local_uri)
+        try:
+            assert conn.lookupByUUIDString(uuids[name]).isActive()
+        finally:
+            conn.close()
+    return uuids
+
+
 def host_is_empty(bed_host: BedHost) -> list[str]:
     """What is left in libvirt on a bed host (nothing else ever runs there)."""
     conn = open_libvirt(bed_host.local_uri)
@@ -175,27 +202,8 @@ async def test_nodes_on_two_hosts_reach_each_other_and_the_endpoint(
                 control_plane=name == "cp",
             )
         ips = await wait_for_addresses(bed, started)
-        lan = ipaddress.ip_network(
-            f"{multihost_bed.gateway}/{multihost_bed.prefix_len}", strict=False
-        )
-        low, high = (ipaddress.ip_address(a) for a in multihost_bed.dhcp_range)
-        for name, ip in ips.items():
-            assert ipaddress.ip_address(ip) in lan, ip
-            assert low <= ipaddress.ip_address(ip) <= high, ip
-            assert ip in multihost_bed.leases(), f"{name}: {ip} was not leased by the LAN's DHCP"
-        assert len(set(ips.values())) == 2
-
-        uuids = {}
-        for name, host in ON.items():
-            obj = await bed.get(LIBVIRT_MACHINE, name)
-            assert obj is not None
-            assert obj["spec"]["hostName"] == host
-            uuids[name] = obj["spec"]["domainUUID"]
-            conn = open_libvirt(multihost_bed.host(host).local_uri)
-            try:
-                assert conn.lookupByUUIDString(uuids[name]).isActive()
-            finally:
-                conn.close()
+        assert_leased_on_the_lan(multihost_bed, ips)
+        uuids = await placed_and_running(bed, multihost_bed)
 
         def console(name: str) -> LibvirtHost:
             bed_host = multihost_bed.host(ON[name])
