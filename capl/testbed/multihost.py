@@ -39,6 +39,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import pwd
 import shutil
 import sys
 import time
@@ -152,8 +153,9 @@ def state_root(root: Path | None = None) -> Path:
 # --- credentials -------------------------------------------------------------------------------
 
 
-def _write_credentials(root: Path) -> None:
-    """One CA: server certificates for the TLS hosts, a client certificate, ssh keys."""
+def _write_files(root: Path) -> None:
+    """Every host's configuration; one CA: server certificates for the TLS hosts, a client
+    certificate; ssh host and client keys."""
     client = root / "client"
     client.mkdir(parents=True, exist_ok=True)
     client.chmod(0o700)
@@ -264,8 +266,6 @@ def _preflight(root: Path) -> None:
     if missing:
         raise BedError(f"missing commands: {' '.join(missing)} (make deps)")
     try:
-        import pwd
-
         pwd.getpwnam("libvirt-qemu")
     except KeyError:
         raise BedError(
@@ -306,7 +306,7 @@ def _build(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     (root / MARKER).write_text("state of capl.testbed.multihost; `stop` removes it\n")
     (root / "shared").mkdir(exist_ok=True)
-    _write_credentials(root)
+    _write_files(root)
     lan = _lan()
     lan.create_bridge()
     for plan in HOSTS:

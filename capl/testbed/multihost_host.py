@@ -230,7 +230,7 @@ def write_sshd_config(plan: HostPlan, dirs: HostDirs, *, authorized_key: str) ->
 # --- the holder and the daemons ----------------------------------------------------------------
 
 
-def _holder_script(dirs: HostDirs, shared: Path, hostname: str) -> str:
+def holder_script(dirs: HostDirs, shared: Path, hostname: str) -> str:
     q = shlex.quote
     lines = ["set -e", f"hostname {q(hostname)}"]
     lines += [f"mount --bind {q(str(src))} {q(dst)}" for src, dst in dirs.mounts()]
@@ -250,7 +250,7 @@ def start_holder(plan: HostPlan, dirs: HostDirs, *, shared: Path) -> int:
     dirs.holder_pid.unlink(missing_ok=True)
     argv = ["setsid", "--fork", "ip", "netns", "exec", plan.netns]
     argv += ["unshare", "--mount", "--uts", "--propagation", "private"]
-    argv += ["sh", "-c", _holder_script(dirs, shared, plan.name)]
+    argv += ["sh", "-c", holder_script(dirs, shared, plan.name)]
     with dirs.holder_log.open("ab") as log:
         subprocess.run(
             argv,
