@@ -8,7 +8,8 @@ namespaces of their own on one LAN, reached the way capl reaches remote hosts.
   migration needs), none the machine's own daemon's;
 - they reach each other and the LAN's gateway on the LAN; each has its own /etc/libvirt (the
   migration address of its qemu.conf is its LAN address) and sees the one shared directory;
-- `start` on the running bed changes nothing; `stop` (last in the stage) leaves no namespace,
+- `start` on the running bed changes nothing; `stop` (last in the stage, and only of a bed
+  this session started: a bed found running may be someone else's) leaves no namespace,
   veth, bridge, process or state behind, and the machine's own libvirtd (its PID, its
   networks, /etc/libvirt) is the same as before the bed started.
 """
@@ -51,7 +52,7 @@ async def test_every_host_answers_through_capls_connection_layer(
         assert info.hypervisor == "QEMU"
         assert info.hostname == bed_host.name  # its own UTS namespace: not this machine
         assert "qemu" in info.domain_types
-        assert await host.list_domains() == []
+        await host.list_domains()  # a bed found running may hold other tests' domains
         assert await host.reachable()
     assert {h.transport for h in multihost_bed.hosts} == {"tls", "ssh"}
 
@@ -142,8 +143,9 @@ def test_start_on_the_running_bed_changes_nothing(multihost_bed: MultihostBed) -
 def test_stop_leaves_nothing_behind_and_the_root_namespace_untouched(
     multihost_session: BedSession,
 ) -> None:
+    if not multihost_session.started:
+        pytest.skip("the bed was running before this session: it is not ours to stop")
     bed = multihost_session.bed
-    found_running = not multihost_session.started
     pids = [pid for group in _bed_pids(bed).values() for pid in group]
     assert pids
     started = time.monotonic()
@@ -157,7 +159,3 @@ def test_stop_leaves_nothing_behind_and_the_root_namespace_untouched(
     assert not bed.root.exists()
     assert multihost.status() == (None, [])
     assert root_view() == multihost_session.before
-    if found_running:  # a bed this session found running: put it back
-        started = time.monotonic()
-        multihost.start(say=lambda _line: None)
-        record_timing("multihost: bed start", time.monotonic() - started)

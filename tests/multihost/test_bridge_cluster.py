@@ -159,14 +159,16 @@ async def placed_and_running(bed: ManagerBed, lan: MultihostBed) -> dict[str, st
     return uuids
 
 
-def host_is_empty(bed_host: BedHost) -> list[str]:
-    """What is left in libvirt on a bed host (nothing else ever runs there)."""
+def left_on(bed_host: BedHost, namespace: str) -> list[str]:
+    """What is left in libvirt on a bed host of this test's namespace (capl's names all
+    start with ``capl-<namespace>``; a bed found running may hold other tests' objects)."""
+    prefix = f"capl-{namespace}"
     conn = open_libvirt(bed_host.local_uri)
     try:
         left = [f"domain {d.name()}" for d in conn.listAllDomains()]
         left += [f"network {n.name()}" for n in conn.listAllNetworks()]
         left += [f"pool {p.name()}" for p in conn.listAllStoragePools()]
-        return left
+        return [item for item in left if item.split(" ", 1)[1].startswith(prefix)]
     finally:
         conn.close()
 
@@ -222,7 +224,10 @@ async def test_nodes_on_two_hosts_reach_each_other_and_the_endpoint(
         await bed.delete_cluster(cluster, within=180)
         record_timing("multihost bridge: cluster deleted", time.monotonic() - t0)
         for host in sorted(set(ON.values())):
-            assert host_is_empty(multihost_bed.host(host)) == [], host
+            assert left_on(multihost_bed.host(host), bed.namespace) == [], host
+            # the pool's directory, seen from the root namespace through the host's state
+            inside = cluster.pool_path.relative_to("/var/lib/libvirt")
+            assert not (multihost_bed.root / host / "lib" / inside).exists(), host
     finally:
         await consoles.close()
         await manager.stop()
