@@ -91,6 +91,7 @@ from capl.runtime.resources import (
     SECRET,
 )
 from capl.testbed import ControlPlane
+from capl.testing.toy import TOY, ensure_toy_crd, toy
 from capl.virt import LibvirtHosts
 from tests.controllers.conftest import (
     TEST_DRIVER,
@@ -105,7 +106,6 @@ from tests.controllers.conftest import (
     write_reduced_crds,
 )
 from tests.fixtures.controlplane import CRD_DIR
-from tests.fixtures.runtime import TOY, ensure_toy_crd, toy
 
 SCRIPT = Path(__file__).resolve()
 RESULTS = SCRIPT.parent / "results" / "machines_testdriver.json"
