@@ -69,20 +69,18 @@ from capl.runtime.resources import (
 from capl.runtime.resources import NAMESPACE as NAMESPACES
 from capl.testbed import AssetsMissing, ControlPlane, find_assets
 from capl.testbed.caplmanager import CaplManager
-from tests.controllers.conftest import (
+from capl.testing.crds import CRD_DIR, capi_crd_dir, write_reduced_crds
+from capl.testing.harness import gather_limited
+from capl.testing.objects import (
     BASE_VOLUME,
     bootstrap_secret_obj,
-    capi_crd_dir,
     cluster_obj,
-    gather_limited,
     is_ready,
     libvirt_cluster_obj,
     libvirt_machine_obj,
     libvirt_machine_spec,
     machine_obj,
-    write_reduced_crds,
 )
-from tests.fixtures.controlplane import CRD_DIR
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TEST_DRIVER = "test+unix:///default"
