@@ -1,13 +1,15 @@
 """What the process benchmarks (scaleout, steady, scaling_curve) share.
 
 They measure the product as it runs: the `capl manager` command as a separate process
-(tests/fixtures/capl.py `CaplManager`, the same entry point e2e and chaos tests use), against
-a kube-apiserver + etcd of their own (`capl.testbed.ControlPlane`) and the libvirt test
-driver hosted by libvirtd (`test+unix:///default`, one fake hypervisor shared by the
+(`capl.testbed.caplmanager.CaplManager`, the same entry point e2e and chaos tests use),
+against a kube-apiserver + etcd of their own (`capl.testbed.ControlPlane`) and the libvirt
+test driver hosted by libvirtd (`test+unix:///default`, one fake hypervisor shared by the
 manager and the benchmark, kept alive by a connection this process holds). Nothing is faked.
+Objects and CRDs come from `capl.testing`, as for the tests; bench/ imports nothing from
+tests/ (an import-linter contract).
 
 - `Bed` (async context manager): the control plane with the project's CRDs and the Cluster
-  API Cluster/Machine CRDs (reduced to v1beta2, as tests/controllers do), an audit log of
+  API Cluster/Machine CRDs (reduced to v1beta2 as for tests/controllers), an audit log of
   exactly two users — the manager (`MANAGER_USER`) and the raw-rate writer (`RAW_USER`), both
   with client certificates of their own, in group system:masters (RBAC is not what is
   measured here; tests/security/test_rbac_audit.py checks the real role) — so both sides of a
@@ -68,21 +70,20 @@ from capl.runtime.resources import (
 )
 from capl.runtime.resources import NAMESPACE as NAMESPACES
 from capl.testbed import AssetsMissing, ControlPlane, find_assets
+from capl.testbed.capibuild import CapiMissing
 from capl.testbed.caplmanager import CaplManager
-from tests.controllers.conftest import (
+from capl.testing.crds import CRD_DIR, capi_crd_dir, write_reduced_crds
+from capl.testing.harness import gather_limited
+from capl.testing.objects import (
     BASE_VOLUME,
     bootstrap_secret_obj,
-    capi_crd_dir,
     cluster_obj,
-    gather_limited,
     is_ready,
     libvirt_cluster_obj,
     libvirt_machine_obj,
     libvirt_machine_spec,
     machine_obj,
-    write_reduced_crds,
 )
-from tests.fixtures.controlplane import CRD_DIR
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TEST_DRIVER = "test+unix:///default"
@@ -148,7 +149,7 @@ def require_parts() -> None:
         raise SystemExit(f"bench: {e}") from None
     try:
         capi_crd_dir()
-    except BaseException as e:  # require_part raises pytest's Skipped outside pytest
+    except CapiMissing as e:
         raise SystemExit(f"bench: {e}") from None
     try:
         libvirt.open(TEST_DRIVER).close()

@@ -68,17 +68,11 @@ from capl.runtime.logging import configure_logging
 from capl.runtime.objects import Obj
 from capl.runtime.resources import LIBVIRT_MACHINE, NAMESPACE
 from capl.testbed import ControlPlane
+from capl.testing.crds import CRD_DIR, capi_crd_dir, write_reduced_crds
+from capl.testing.harness import ClusterObjects, ControllerHarness
+from capl.testing.objects import is_ready, random_mac
 from capl.virt import LibvirtHosts
 from capl.virt.domainxml import build_domain_xml
-from tests.controllers.conftest import (
-    ClusterObjects,
-    ControllerHarness,
-    capi_crd_dir,
-    is_ready,
-    write_reduced_crds,
-)
-from tests.fixtures.controlplane import CRD_DIR
-from tests.fixtures.libvirt import random_mac
 
 RESULTS = Path(__file__).resolve().parent / "results" / "machines_realvm.json"
 URI = "qemu:///system"

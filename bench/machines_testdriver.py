@@ -91,21 +91,17 @@ from capl.runtime.resources import (
     SECRET,
 )
 from capl.testbed import ControlPlane
-from capl.virt import LibvirtHosts
-from tests.controllers.conftest import (
-    TEST_DRIVER,
-    ControllerHarness,
+from capl.testing.crds import CRD_DIR, capi_crd_dir, write_reduced_crds
+from capl.testing.harness import TEST_DRIVER, ControllerHarness, gather_limited
+from capl.testing.objects import (
     bootstrap_secret_obj,
-    capi_crd_dir,
-    gather_limited,
     is_ready,
     libvirt_machine_obj,
     libvirt_machine_spec,
     machine_obj,
-    write_reduced_crds,
 )
-from tests.fixtures.controlplane import CRD_DIR
-from tests.fixtures.runtime import TOY, ensure_toy_crd, toy
+from capl.testing.toy import TOY, ensure_toy_crd, toy
+from capl.virt import LibvirtHosts
 
 SCRIPT = Path(__file__).resolve()
 RESULTS = SCRIPT.parent / "results" / "machines_testdriver.json"

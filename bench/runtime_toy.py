@@ -36,7 +36,7 @@ from capl.runtime.manager import Manager, ManagerOptions
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import NAMESPACE
 from capl.testbed import ControlPlane
-from tests.fixtures.runtime import TOY, ToyReconciler, ensure_toy_crd, toy
+from capl.testing.toy import TOY, ToyReconciler, ensure_toy_crd, toy
 
 RESULTS = Path(__file__).resolve().parent / "results" / "runtime.json"
 

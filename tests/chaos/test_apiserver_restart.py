@@ -33,10 +33,10 @@ from capl.api import constants as c
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import CONFIG_MAP
 from capl.testbed import ControlPlane
+from capl.testing.objects import condition_of
 from tests.chaos.bed import ChaosBed, record
 from tests.chaos.conftest import ChaosManager
 from tests.fixtures.bed import BedCluster, Host, api_call
-from tests.fixtures.objects import condition_of
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd]
 

@@ -28,11 +28,11 @@ import pytest
 from capl.api import constants as c
 from capl.runtime.objects import Obj
 from capl.runtime.resources import LIBVIRT_MACHINE
+from capl.testing.objects import condition_of
 from tests.chaos.bed import ChaosBed, record
 from tests.chaos.conftest import ChaosManager
 from tests.chaos.netns import netns_libvirtd
 from tests.fixtures.bed import Host
-from tests.fixtures.objects import condition_of
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd]
 

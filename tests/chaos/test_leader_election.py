@@ -32,10 +32,10 @@ import pytest
 from capl.api import constants as c
 from capl.runtime.resources import LEASE, LIBVIRT_MACHINE
 from capl.testbed.caplmanager import CaplManager
+from capl.testing.objects import condition_of
 from tests.chaos.bed import ChaosBed, parse_log_time, record
 from tests.chaos.conftest import ChaosManager
 from tests.fixtures.bed import Host
-from tests.fixtures.objects import condition_of
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd]
 

@@ -34,12 +34,12 @@ import pytest
 
 from capl.api import constants as c
 from capl.runtime.resources import LIBVIRT_CLUSTER, LIBVIRT_MACHINE
+from capl.testing.objects import condition_of
 from tests.chaos.bed import ChaosBed, record
 from tests.chaos.conftest import ChaosManager
 from tests.fixtures.bed import Host
 from tests.fixtures.libvirt import SHARED_TEST_DRIVER_URI
 from tests.fixtures.libvirt_direct import open_libvirt
-from tests.fixtures.objects import condition_of
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
 

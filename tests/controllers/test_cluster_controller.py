@@ -16,7 +16,7 @@ from capl.api import constants as c
 from capl.ports.virt import ClusterOwner, NetworkMode
 from capl.runtime.objects import ObjectKey, get_path
 from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, SECRET
-from tests.controllers.conftest import TEST_DRIVER, ControllerHarness
+from capl.testing.harness import TEST_DRIVER, ControllerHarness
 from tests.controllers.test_cluster_support import (
     cached,
     clusters,

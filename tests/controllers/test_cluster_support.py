@@ -1,4 +1,4 @@
-"""LibvirtCluster test helpers on top of `tests.controllers.conftest.ControllerHarness`
+"""LibvirtCluster test helpers on top of `capl.testing.harness.ControllerHarness`
 (no tests here; imported by the cluster tests in tests/controllers and tests/libvirtd).
 
 - `clusters` fixture: the `harness` with the LibvirtCluster controller started (fast
@@ -31,15 +31,8 @@ from capl.runtime.controller import Controller
 from capl.runtime.errors import NotFound
 from capl.runtime.objects import Obj, ObjectKey, get_path
 from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, LIBVIRT_MACHINE, MACHINE, SECRET
-from tests.controllers.conftest import (
-    ControllerHarness,
-    Setup,
-    b64,
-    cluster_obj,
-    libvirt_machine_obj,
-    machine_obj,
-    owner_ref,
-)
+from capl.testing.harness import ControllerHarness, Setup
+from capl.testing.objects import b64, cluster_obj, libvirt_machine_obj, machine_obj, owner_ref
 from tests.fixtures.runtime import eventually
 
 FAST = LibvirtClusterOptions(

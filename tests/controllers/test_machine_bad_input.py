@@ -22,17 +22,10 @@ from capl.controllers import machine as libvirtmachine
 from capl.ports.naming import machine_names
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import LIBVIRT_MACHINE, MACHINE
-from tests.controllers.conftest import (
-    TEST_DRIVER,
-    ClusterObjects,
-    ControllerHarness,
-    ImageServer,
-    condition,
-    events_of,
-    leftovers,
-    libvirt_machine_spec,
-    qcow2_image,
-)
+from capl.testing.harness import TEST_DRIVER, ClusterObjects, ControllerHarness
+from capl.testing.objects import condition, libvirt_machine_spec
+from tests.controllers.conftest import events_of, leftovers
+from tests.fixtures.images import ImageServer, qcow2_image
 
 pytestmark = pytest.mark.apiserver
 

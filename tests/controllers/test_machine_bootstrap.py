@@ -21,8 +21,9 @@ from capl.controllers.machine.bootstrap import SUCCESS_FILE, BootstrapOptions
 from capl.ports.virt import GuestFile, GuestFileState, VolumeTail
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import EVENT, LIBVIRT_MACHINE
+from capl.testing.harness import ControllerHarness
+from capl.testing.objects import condition
 from capl.virt.host import LibvirtHost
-from tests.controllers.conftest import ControllerHarness, condition
 from tests.fixtures.common import eventually
 
 pytestmark = pytest.mark.apiserver

@@ -13,14 +13,9 @@ from capl.api import constants as c
 from capl.controllers import machine as libvirtmachine
 from capl.ports.virt import CAPL_XML_NAMESPACE, DomainState
 from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, LIBVIRT_MACHINE, MACHINE
-from tests.controllers.conftest import (
-    TEST_DRIVER,
-    ControllerHarness,
-    condition,
-    domain_owner,
-    events_of,
-    leftovers,
-)
+from capl.testing.harness import TEST_DRIVER, ControllerHarness
+from capl.testing.objects import condition
+from tests.controllers.conftest import domain_owner, events_of, leftovers
 
 pytestmark = pytest.mark.apiserver
 

@@ -17,12 +17,9 @@ from capl.controllers.machine.plan import nic_mac
 from capl.ports.virt import ClusterOwner
 from capl.runtime.objects import Obj, ObjectKey, get_path
 from capl.runtime.resources import LIBVIRT_CLUSTER, LIBVIRT_MACHINE
-from tests.controllers.conftest import (
-    ClusterObjects,
-    ControllerHarness,
-    events_of,
-    libvirt_machine_spec,
-)
+from capl.testing.harness import ClusterObjects, ControllerHarness
+from capl.testing.objects import libvirt_machine_spec
+from tests.controllers.conftest import events_of
 from tests.fixtures.runtime import eventually
 
 pytestmark = pytest.mark.apiserver

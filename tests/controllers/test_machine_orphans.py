@@ -29,14 +29,8 @@ from capl.controllers.machine import LibvirtMachineReconciler
 from capl.ports.virt import CAPL_XML_NAMESPACE, DomainInfo, DomainOwner, Host, Hosts
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import LIBVIRT_CLUSTER, LIBVIRT_MACHINE, MACHINE, SECRET
-from tests.controllers.conftest import (
-    TEST_DRIVER,
-    ClusterObjects,
-    ControllerHarness,
-    domain_owner,
-    events_of,
-    leftovers,
-)
+from capl.testing.harness import TEST_DRIVER, ClusterObjects, ControllerHarness
+from tests.controllers.conftest import domain_owner, events_of, leftovers
 from tests.fixtures.common import eventually
 
 pytestmark = pytest.mark.apiserver

@@ -26,15 +26,9 @@ from capl.controllers.machine.plan_placement import PLACEMENT_ANNOTATION, Placem
 from capl.ports.naming import machine_hostname, machine_names
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import CLUSTER, LIBVIRT_MACHINE, MACHINE, NODE, SECRET
-from tests.controllers.conftest import (
-    TEST_DRIVER,
-    ControllerHarness,
-    b64,
-    condition,
-    domain_owner,
-    is_ready,
-    libvirt_machine_spec,
-)
+from capl.testing.harness import TEST_DRIVER, ControllerHarness
+from capl.testing.objects import b64, condition, is_ready, libvirt_machine_spec
+from tests.controllers.conftest import domain_owner
 
 pytestmark = pytest.mark.apiserver
 

@@ -27,9 +27,9 @@ from capl.ports.virt import (
 )
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import NODE
+from capl.testing.harness import TEST_DRIVER, ControllerHarness
 from capl.virt import LibvirtHosts
 from capl.virt.errors import translate
-from tests.controllers.conftest import TEST_DRIVER, ControllerHarness
 
 SETUP = functools.partial(libvirtmachine.setup, options=libvirtmachine.MachineOptions())
 

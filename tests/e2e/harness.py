@@ -116,6 +116,7 @@ from capl.testbed import ControlPlane
 from capl.testbed.capi import CapiAssets, CapiCore
 from capl.testbed.caplmanager import CaplManager
 from capl.testbed.clusterctl import Clusterctl, LocalProvider
+from capl.testing.objects import condition_of
 from tests.fixtures.capi import new_clusterctl, record_timing
 from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import eventually
@@ -127,7 +128,6 @@ from tests.fixtures.libvirt_direct import (
     parse_network_xml,
     sweep,
 )
-from tests.fixtures.objects import condition_of
 
 T = TypeVar("T")
 

@@ -20,9 +20,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from capl.testbed import AssetsMissing, ControlPlane, ProcessFailed, find_assets
 from capl.testbed.capi import CapiAssets, CapiCore, CapiError
 from capl.testbed.clusterctl import Clusterctl
+from capl.testing.objects import condition_of
 from tests.fixtures.capi import record_timing
 from tests.fixtures.common import eventually, require_part
-from tests.fixtures.objects import condition_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.apiserver]
 

@@ -57,6 +57,7 @@ from capl.testbed.kubeadm_providers import (
     CONTROL_PLANE_GROUP,
     KubeadmProviders,
 )
+from capl.testing.objects import BASE_VOLUME, condition_of, libvirt_machine_spec
 from tests.fixtures.bed import BedCluster, Host, ManagerBed, bed_for
 from tests.fixtures.capi import (
     ControlPlaneFactory,
@@ -68,7 +69,6 @@ from tests.fixtures.capi import (
 from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import eventually
 from tests.fixtures.libvirt_direct import free_cidr, put_base_volume
-from tests.fixtures.objects import BASE_VOLUME, condition_of, libvirt_machine_spec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.apiserver]
 

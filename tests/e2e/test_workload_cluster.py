@@ -47,6 +47,7 @@ from capl.runtime.resources import (
 )
 from capl.testbed.capi import CapiAssets
 from capl.testbed.clusterctl import LocalProvider
+from capl.testing.objects import condition_of
 from tests.e2e.harness import (
     CLONED_FROM_ANNOTATION,
     GUEST_MEMORY_MIB,
@@ -72,7 +73,6 @@ from tests.e2e.harness import (
 from tests.fixtures.capi import ControlPlaneFactory, record_timing
 from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import eventually
-from tests.fixtures.objects import condition_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
 

@@ -1,7 +1,7 @@
 """Fixtures of the tests against the real kube-apiserver (tests/kube).
 
 - `kube`: a `capl.kube.KubeClient` as admin of the session control plane (per-object request
-  accounting on), with the `Toy` test CRD (tests/fixtures/runtime.py) installed; closed after
+  accounting on), with the `Toy` test CRD (capl/testing/toy.py) installed; closed after
   the test.
 """
 
@@ -13,7 +13,7 @@ import pytest
 
 from capl.kube import KubeClient
 from capl.testbed import ControlPlane
-from tests.fixtures.runtime import ensure_toy_crd
+from capl.testing.toy import ensure_toy_crd
 
 
 @pytest.fixture

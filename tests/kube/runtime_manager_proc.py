@@ -20,7 +20,7 @@ from capl.kube import KubeClient
 from capl.runtime.logging import configure_logging
 from capl.runtime.manager import Manager, ManagerOptions
 from capl.runtime.objects import ObjectKey
-from tests.fixtures.runtime import TOY, ToyReconciler
+from capl.testing.toy import TOY, ToyReconciler
 
 
 class LoggingToy(ToyReconciler):

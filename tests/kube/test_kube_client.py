@@ -16,7 +16,7 @@ from capl.runtime.errors import AlreadyExists, Conflict, Gone, Invalid, NotFound
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import CONFIG_MAP, NAMESPACE
 from capl.testbed import ControlPlane
-from tests.fixtures.runtime import TOY, toy
+from capl.testing.toy import TOY, toy
 
 pytestmark = pytest.mark.apiserver
 

@@ -18,7 +18,8 @@ from capl.runtime.errors import TransportError
 from capl.runtime.informer import FuncHandler, Informer, InformerOptions
 from capl.runtime.objects import Obj, ObjectKey
 from capl.testbed import ControlPlane
-from tests.fixtures.runtime import TOY, eventually, toy
+from capl.testing.toy import TOY, toy
+from tests.fixtures.runtime import eventually
 
 pytestmark = pytest.mark.apiserver
 

@@ -19,7 +19,8 @@ from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import LEASE
 from capl.testbed import ControlPlane
 from capl.testbed.process import ManagedProcess
-from tests.fixtures.runtime import TOY, ToyReconciler, eventually, toy
+from capl.testing.toy import TOY, ToyReconciler, toy
+from tests.fixtures.runtime import eventually
 
 pytestmark = pytest.mark.apiserver
 

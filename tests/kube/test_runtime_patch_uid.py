@@ -17,7 +17,7 @@ from capl.kube import KubeClient
 from capl.runtime.errors import Conflict, Invalid, NotFound, StaleIncarnation
 from capl.runtime.objects import ObjectKey, copy_obj
 from capl.runtime.patch import apply_patch
-from tests.fixtures.runtime import TOY, toy
+from capl.testing.toy import TOY, toy
 
 pytestmark = pytest.mark.apiserver
 

@@ -11,7 +11,8 @@ import pytest
 from capl.kube import KubeClient
 from capl.runtime.manager import Manager, ManagerOptions
 from capl.runtime.objects import ObjectKey
-from tests.fixtures.runtime import TOY, ToyReconciler, eventually, toy
+from capl.testing.toy import TOY, ToyReconciler, toy
+from tests.fixtures.runtime import eventually
 
 pytestmark = pytest.mark.apiserver
 

@@ -9,13 +9,8 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from tests.fixtures.libvirt import (
-    LibvirtBed,
-    guest_domain_xml,
-    ignition_config,
-    parse_markers,
-    random_mac,
-)
+from capl.testing.objects import random_mac
+from tests.fixtures.libvirt import LibvirtBed, guest_domain_xml, ignition_config, parse_markers
 
 SERIAL_LOG = """\
 CAPL-GUEST: boot

@@ -21,7 +21,8 @@ from capl.api import constants as c
 from capl.controllers import machine as libvirtmachine
 from capl.runtime.objects import ObjectKey, get_path
 from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, LIBVIRT_MACHINE
-from tests.controllers.conftest import ControllerHarness, harness
+from capl.testing.harness import ControllerHarness
+from tests.controllers.conftest import harness
 from tests.controllers.test_cluster_support import (
     SETUP,
     condition_of,

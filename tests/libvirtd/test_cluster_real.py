@@ -24,7 +24,8 @@ import pytest
 from capl.api import constants as c
 from capl.runtime.objects import get_path
 from capl.runtime.resources import LIBVIRT_CLUSTER
-from tests.controllers.conftest import ControllerHarness, harness
+from capl.testing.harness import ControllerHarness
+from tests.controllers.conftest import harness
 from tests.controllers.test_cluster_support import (
     cached,
     clusters,

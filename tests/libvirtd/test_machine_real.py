@@ -35,13 +35,9 @@ from capl.api import constants as c
 from capl.controllers import machine as libvirtmachine
 from capl.ports.naming import machine_hostname, machine_names
 from capl.runtime.resources import LIBVIRT_MACHINE
-from tests.controllers.conftest import (
-    ClusterObjects,
-    ControllerHarness,
-    condition,
-    harness,
-    leftovers,
-)
+from capl.testing.harness import ClusterObjects, ControllerHarness
+from capl.testing.objects import condition
+from tests.controllers.conftest import harness, leftovers
 from tests.fixtures.common import require_part
 from tests.fixtures.libvirt import (
     GuestMarker,

@@ -37,9 +37,9 @@ import yaml
 
 from capl.runtime.resources import CLUSTER, EVENT, LIBVIRT_CLUSTER, LIBVIRT_MACHINE, MACHINE
 from capl.testbed import ControlPlane
+from capl.testing.objects import condition_of
 from tests.fixtures.bed import ManagerBed
 from tests.fixtures.libvirt_direct import open_libvirt
-from tests.fixtures.objects import condition_of
 
 REPO = Path(__file__).resolve().parents[2]
 WEBHOOK_MANIFESTS = REPO / "config" / "webhook" / "manifests.yaml"

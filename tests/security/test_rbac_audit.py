@@ -39,12 +39,13 @@ from capl.api import constants as c
 from capl.kube import KubeClient
 from capl.runtime.resources import NAMESPACE, SECRET
 from capl.testbed import AssetsMissing, ControlPlane, find_assets
-from tests.controllers.conftest import install_capi_crds, libvirt_machine_spec
+from capl.testing.crds import CRD_DIR
+from capl.testing.objects import libvirt_machine_spec
 from tests.fixtures.bed import Host
 from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import require_part
-from tests.fixtures.controlplane import CRD_DIR
 from tests.fixtures.libvirt import ignition_config
+from tests.fixtures.objects import install_capi_crds
 from tests.fixtures.transports import TlsLibvirtd
 from tests.security.bed import REPO, WEBHOOK_MANIFESTS, SecurityBed
 

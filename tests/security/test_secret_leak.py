@@ -47,7 +47,7 @@ import yaml
 from capl.api import constants as c
 from capl.ports.naming import machine_names
 from capl.testbed import ControlPlane
-from tests.controllers.conftest import libvirt_machine_spec
+from capl.testing.objects import libvirt_machine_spec
 from tests.fixtures.bed import Host
 from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import eventually
