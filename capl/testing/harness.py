@@ -76,6 +76,8 @@ class ClusterObjects:
 
     cluster: Obj
     libvirt_cluster: Obj
+    adopted_cidr: str | None = None
+    """The CIDR `prepare_hosts` gives an adopted network it makes on every host."""
 
     @property
     def name(self) -> str:
@@ -291,24 +293,30 @@ class ControllerHarness:
         provisioned: bool = True,
         base_image: bool = True,
         paused: bool = False,
+        adopt_network: bool = False,
     ) -> ClusterObjects:
         """Cluster + LibvirtCluster (owned by it). `prepare`: create each host's network and
         pool through the Hosts port (and a small base volume `BASE_VOLUME` when
-        `base_image`); `provisioned`: mark both provisioned, as the cluster controller would."""
+        `base_image`); `provisioned`: mark both provisioned, as the cluster controller would.
+        `adopt_network`: the LibvirtCluster adopts a network by name (`prepare` makes it on
+        every host) — the way to several test-driver hosts (see `libvirt_cluster_obj`)."""
         name = name or "c-" + secrets.token_hex(3)
         hosts = hosts or [{"name": "h1", "uri": TEST_DRIVER}]
+        cidr = cidr or random_cidr()
+        adopted = f"capl-adopt-{secrets.token_hex(4)}" if adopt_network else None
         cluster, lc = await create_cluster_objects(
             self.create,
             name,
             self.namespace,
             hosts=hosts,
-            cidr=cidr or random_cidr(),
+            cidr=cidr,
             mode=mode,
             dns_domain=dns_domain,
             pool_path=pool_path,
             paused=paused,
+            adopt_network=adopted,
         )
-        objects = ClusterObjects(cluster, lc)
+        objects = ClusterObjects(cluster, lc, adopted_cidr=cidr if adopted else None)
         if prepare:
             await self.prepare_hosts(objects, base_image=base_image)
         if provisioned:
@@ -341,9 +349,9 @@ class ControllerHarness:
             await host.ensure_network(
                 NetworkSpec(
                     name=lay.network,
-                    mode=NetworkMode(net.mode),
+                    mode=NetworkMode("isolated" if objects.adopted_cidr else net.mode),
                     owner=owner,
-                    cidr=None if net.cidr is None else str(net.cidr),
+                    cidr=objects.adopted_cidr or (None if net.cidr is None else str(net.cidr)),
                     dhcp_start=None if net.dhcp is None else str(net.dhcp.start),
                     dhcp_end=None if net.dhcp is None else str(net.dhcp.end),
                     dns_domain=net.dns_domain,

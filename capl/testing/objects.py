@@ -23,7 +23,7 @@ import base64
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from capl.api import constants as c
 from capl.runtime.objects import Obj
@@ -75,6 +75,13 @@ def cluster_obj(name: str, namespace: str, *, libvirt_cluster: str, paused: bool
     }
 
 
+TEST_DRIVER_BRIDGE: Final = "eth1"
+"""The one interface libvirt's test driver has by default: the bridge of bridge-mode clusters
+on test-driver hosts (capl checks only that a bridge-mode network's bridge exists)."""
+BRIDGE_ENDPOINT: Final[Mapping[str, Any]] = {"host": "10.250.9.10", "port": 6443}
+"""The control-plane endpoint of bridge-mode test clusters (a VIP; nothing answers there)."""
+
+
 def libvirt_cluster_obj(
     name: str,
     namespace: str,
@@ -85,13 +92,28 @@ def libvirt_cluster_obj(
     mode: str = "isolated",
     dns_domain: str | None = None,
     pool_path: str | None = None,
+    bridge: str = TEST_DRIVER_BRIDGE,
+    adopt_network: str | None = None,
 ) -> Obj:
+    """A LibvirtCluster of `hosts`: a created `mode` network of `cidr`; in bridge mode one on
+    `bridge` with the endpoint `BRIDGE_ENDPOINT` (bridge mode has no libvirt DNS to publish
+    one); or, with `adopt_network`, that existing network. A created nat/isolated network on
+    several hosts is refused (one island per host): several hosts take bridge mode or an
+    adopted network. On test-driver hosts only the adopted network works for machines:
+    libvirt 9.0's test driver crashes in interfaceAddresses for a domain on a forward-bridge
+    network (a NULL IP definition), so bridge mode there is for cluster-only tests."""
     network: dict[str, Any] = {"mode": mode}
-    if cidr is not None:
+    if adopt_network is not None:
+        network = {"name": adopt_network}
+    elif mode == "bridge":
+        network["bridge"] = bridge
+    elif cidr is not None:
         network["cidr"] = cidr
     if dns_domain is not None:
         network["dnsDomain"] = dns_domain
     spec: dict[str, Any] = {"hosts": [dict(h) for h in hosts], "network": network}
+    if mode == "bridge":
+        spec["controlPlaneEndpoint"] = dict(BRIDGE_ENDPOINT)
     if pool_path is not None:
         spec["storagePool"] = {"path": pool_path}
     return {
@@ -226,6 +248,8 @@ async def create_cluster_objects(
     dns_domain: str | None = None,
     pool_path: str | None = None,
     paused: bool = False,
+    bridge: str = TEST_DRIVER_BRIDGE,
+    adopt_network: str | None = None,
 ) -> tuple[Obj, Obj]:
     """A Cluster and its LibvirtCluster (owned by it): (cluster, libvirt cluster)."""
     cluster = await create(
@@ -242,6 +266,8 @@ async def create_cluster_objects(
             mode=mode,
             dns_domain=dns_domain,
             pool_path=pool_path,
+            bridge=bridge,
+            adopt_network=adopt_network,
         ),
     )
     return cluster, libvirt_cluster

@@ -71,6 +71,7 @@ async def test_unreachable_host_is_reported_others_unaffected_and_recovery(
                         credentials_secret="h2-tls",
                     ),
                 ],
+                adopt_network=True,  # several hosts: an adopted network (see create_cluster)
             )
             await bed.many(
                 bed.create_machine(cluster, f"{h}-{i}", host=h)

@@ -17,6 +17,7 @@ from capl.ports.virt import ClusterOwner, NetworkMode
 from capl.runtime.objects import ObjectKey, get_path
 from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, SECRET
 from capl.testing.harness import TEST_DRIVER, ControllerHarness
+from capl.testing.objects import BRIDGE_ENDPOINT, TEST_DRIVER_BRIDGE
 from tests.controllers.test_cluster_support import (
     cached,
     clusters,
@@ -170,8 +171,8 @@ async def test_failure_domains_and_an_unreachable_host(
             ],
             # several hosts: a bridge-mode network (nat/isolated would be one island per
             # host, refused by the CRD), created by capl on every host like the others
-            "network": {"mode": "bridge", "bridge": "capl-lan0"},
-            "controlPlaneEndpoint": {"host": "10.9.0.10", "port": 6443},
+            "network": {"mode": "bridge", "bridge": TEST_DRIVER_BRIDGE},
+            "controlPlaneEndpoint": dict(BRIDGE_ENDPOINT),
         },
     )
     reachable = await wait_condition(h, name, c.ConditionType.HOSTS_REACHABLE, "False")

@@ -292,7 +292,8 @@ async def test_placement(harness: ControllerHarness, shared_test_driver: str) ->
         {"name": "cp", "uri": TEST_DRIVER},
         {"name": "workers", "uri": shared_test_driver, "controlPlane": False},
     ]
-    cluster = await harness.make_cluster(hosts=hosts, prepare=False)
+    # several hosts: an adopted network (nat/isolated created on several hosts is refused)
+    cluster = await harness.make_cluster(hosts=hosts, adopt_network=True, prepare=False)
     await harness.prepare_hosts(cluster, only=["cp", "workers"])
     await harness.start(SETUP)
     cp = await harness.make_machine(cluster, "cp-0", control_plane=True)

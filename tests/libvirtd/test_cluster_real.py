@@ -25,6 +25,7 @@ from capl.api import constants as c
 from capl.runtime.objects import get_path
 from capl.runtime.resources import LIBVIRT_CLUSTER
 from capl.testing.harness import ControllerHarness
+from capl.testing.objects import BRIDGE_ENDPOINT
 from tests.controllers.conftest import harness
 from tests.controllers.test_cluster_support import (
     cached,
@@ -181,9 +182,11 @@ async def test_network_pool_endpoint_and_dns_follow_machines(
 
 
 async def test_two_uris_of_one_daemon_and_an_unreachable_host(
-    real: ControllerHarness, libvirtd_conn: libvirt.virConnect
+    real: ControllerHarness, libvirtd_conn: libvirt.virConnect, libvirt_bed: LibvirtBed
 ) -> None:
     h = real
+    # several hosts: bridge mode (a created nat/isolated network on several hosts is
+    # refused), onto a bridge that exists on this host: the test network's
     name = await create_cluster(
         h,
         unique("fd"),
@@ -193,7 +196,8 @@ async def test_two_uris_of_one_daemon_and_an_unreachable_host(
                 {"name": "kvm-b", "uri": SECOND_URI, "controlPlane": False},
                 {"name": "kvm-c", "uri": UNREACHABLE_URI, "controlPlane": False},
             ],
-            "network": {"mode": "isolated", "cidr": random_cidr()},
+            "network": {"mode": "bridge", "bridge": libvirt_bed.bridge},
+            "controlPlaneEndpoint": dict(BRIDGE_ENDPOINT),
         },
     )
     cond = await wait_condition(h, name, c.ConditionType.HOSTS_REACHABLE, "False", within=60)
