@@ -137,7 +137,9 @@ class Watch:
         now = self.clock()
         if progress is not None:
             if progress.phase is not self._phase:
-                self._phase, self._low, self._low_at = progress.phase, math.inf, now
+                if self._phase is not None:  # a new phase: a new low (the first: from start)
+                    self._low, self._low_at = math.inf, now
+                self._phase = progress.phase
             remaining = progress.data_remaining_bytes
             if progress.phase is not MigrationPhase.STARTING and remaining < self._low:
                 self._low, self._low_at = remaining, now
