@@ -44,6 +44,10 @@ node-image: deps ## build the real-node image (Debian + kubelet/kubeadm/containe
 libvirt-host: deps ## configure and start libvirtd + virtlogd on this machine (no systemd)
 	@hack/libvirt-host.sh
 
+.PHONY: multihost-bed
+multihost-bed: venv ## start three libvirt hosts in namespaces on one LAN bridge (hack/multihost.sh stop|status)
+	@hack/multihost.sh start
+
 .PHONY: guest-image
 guest-image: deps ## build the CoreOS stand-in test guest image; prints its path
 	@hack/guest-image.sh

@@ -146,6 +146,7 @@ install -m 0755 "$BB" "$ROOT/bin/busybox"
 done
 install -m 0755 "$GUEST_SRC/init" "$ROOT/init"
 install -m 0755 "$GUEST_SRC/udhcpc.script" "$ROOT/etc/capl/udhcpc.script"
+install -m 0755 "$GUEST_SRC/agent" "$ROOT/etc/capl/agent"
 install -m 0755 "$GUEST_SRC/acpi-power" "$ROOT/etc/acpi/PWRF/00000080"
 install -m 0644 "$GUEST_SRC/jsonflat.awk" "$ROOT/etc/capl/jsonflat.awk"
 install -m 0644 "$GUEST_SRC/inittab" "$ROOT/etc/inittab"

@@ -1,7 +1,7 @@
 # Kernel modules the test guest always loads, in this order (each module's own dependencies
 # from modules.dep are put before it by hack/guest-image.sh). virtio_ring must precede virtio,
 # the PCI transport the device drivers; qemu_fw_cfg exposes the Ignition file; button + evdev
-# give acpid the ACPI power button.
+# give acpid the ACPI power button; virtio_console the guest agent's virtio-serial port.
 virtio_ring
 virtio
 virtio_pci_legacy_dev
@@ -14,3 +14,4 @@ virtio_blk
 qemu_fw_cfg
 button
 evdev
+virtio_console

@@ -1,0 +1,220 @@
+"""A cluster on two real hosts in bridge mode: nodes on different hosts share the LAN.
+
+The bed (tests/multihost/conftest.py): kvm1 (``qemu+tls://``) and kvm3 (``qemu+ssh://``),
+each with bridge ``br-lan`` on one LAN whose DHCP server is the bed's dnsmasq (the site's).
+A real `capl manager` process (tests/fixtures/capl.py) reaches both hosts by their URIs and
+credentials Secrets; `tests/fixtures/bed.py` `ManagerBed` stands in for the Cluster API core.
+
+The LibvirtCluster has ``network: {mode: bridge, bridge: br-lan}`` and, as bridge mode
+requires (README "Bridge mode"), ``spec.controlPlaneEndpoint``: the virtual IP
+``10.231.0.50:6443`` on the LAN, outside its DHCP range. The control-plane machine (on kvm1)
+takes that address as a second address of its NIC, as kube-vip on a control-plane node does,
+so "the endpoint answers" means what it means on a real site: a node on *another* host
+reaches the address the cluster's API would be served on, across the LAN.
+
+Two TCG guests of the test guest image, one per host (``spec.hostName``), boot and get their
+addresses from the LAN's DHCP server; capl reports them in ``status.addresses`` (read through
+the guest agent: libvirt serves no DHCP on a host bridge). Then, typed on the serial consoles
+through capl's console adapter, each guest pings the other guest and the endpoint. Deleting
+the cluster through the manager leaves nothing in libvirt on either host.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, LIBVIRT_MACHINE
+from capl.testbed import ControlPlane
+from capl.testbed.multihost import BedHost, MultihostBed
+from capl.virt import LibvirtHost, LibvirtHosts
+from tests.e2e.harness import internal_ip
+from tests.fixtures.bed import BedCluster, Host, ManagerBed, bed_for
+from tests.fixtures.capl import CaplManagerFactory
+from tests.fixtures.common import eventually
+from tests.fixtures.libvirt import record_timing
+from tests.fixtures.libvirt_direct import open_libvirt
+from tests.fixtures.objects import cluster_obj, create_machine_objects, libvirt_cluster_obj
+from tests.multihost.guest import run_in_guest
+
+pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
+
+ENDPOINT = "10.231.0.50"
+BOOT = 240.0  # TCG guests on two shared cores
+ON = {"cp": "kvm1", "worker": "kvm3"}  # a TLS host and the ssh host
+
+
+@pytest.fixture
+async def bed(
+    control_plane: ControlPlane, capi_crds: list[str], namespace: str
+) -> AsyncIterator[ManagerBed]:
+    async with bed_for(ManagerBed, control_plane, namespace) as made:
+        yield made
+
+
+def guest_spec(image: Path, host: str) -> dict[str, object]:
+    return {
+        "image": {"path": str(image), "format": "qcow2"},
+        "cpus": 1,
+        "memoryMiB": 256,
+        "domainType": "qemu",
+        "hostName": host,
+    }
+
+
+async def create_bridge_cluster(bed: ManagerBed, lan: MultihostBed, name: str) -> BedCluster:
+    """Credentials Secrets, Cluster + LibvirtCluster in bridge mode with the endpoint set;
+    waits until capl provisioned it on both hosts."""
+    hosts = []
+    for host_name in sorted(set(ON.values())):
+        bed_host = lan.host(host_name)
+        await bed.secret(f"{host_name}-credentials", bed_host.credentials)
+        hosts.append(
+            Host(
+                name=host_name,
+                uri=bed_host.uri,
+                direct_uri=bed_host.local_uri,
+                credentials_secret=f"{host_name}-credentials",
+            )
+        )
+    cluster = BedCluster(
+        name=name, namespace=bed.namespace, hosts=hosts, cidr=f"{lan.gateway}/24", dns_domain=None
+    )
+    bed.clusters.append(cluster)
+    cluster.cluster = await bed.create(
+        CLUSTER, cluster_obj(name, bed.namespace, libvirt_cluster=name)
+    )
+    lc = libvirt_cluster_obj(
+        name,
+        bed.namespace,
+        cluster=cluster.cluster,
+        hosts=[h.entry() for h in hosts],
+        mode="bridge",
+    )
+    lc["spec"]["network"]["bridge"] = lan.host_bridge
+    lc["spec"]["controlPlaneEndpoint"] = {"host": ENDPOINT, "port": 6443}
+    await bed.create(LIBVIRT_CLUSTER, lc)
+    cluster.libvirt_cluster = await bed.wait_for(
+        LIBVIRT_CLUSTER,
+        name,
+        lambda o: bool(((o.get("status") or {}).get("initialization") or {}).get("provisioned")),
+        within=120,
+        what="provisioned on kvm1 and kvm3",
+    )
+    await bed.patch_status(
+        CLUSTER, name, {"status": {"initialization": {"infrastructureProvisioned": True}}}
+    )
+    return cluster
+
+
+async def wait_for_addresses(bed: ManagerBed, started: float) -> dict[str, str]:
+    """Every machine Ready with an InternalIP; records each one's time to its address."""
+    found: dict[str, str] = {}
+
+    async def probe() -> bool:
+        for name in ON:
+            obj = await bed.get(LIBVIRT_MACHINE, name)
+            ip = internal_ip(obj or {})
+            if ip and name not in found:
+                found[name] = ip
+                record_timing(
+                    f"multihost bridge: {name} on {ON[name]} created -> InternalIP {ip}",
+                    time.monotonic() - started,
+                )
+        return len(found) == len(ON)
+
+    await eventually(probe, within=BOOT, interval=1.0, what="both machines report an address")
+    await bed.wait_converged(within=BOOT)
+    return found
+
+
+def host_is_empty(bed_host: BedHost) -> list[str]:
+    """What is left in libvirt on a bed host (nothing else ever runs there)."""
+    conn = open_libvirt(bed_host.local_uri)
+    try:
+        left = [f"domain {d.name()}" for d in conn.listAllDomains()]
+        left += [f"network {n.name()}" for n in conn.listAllNetworks()]
+        left += [f"pool {p.name()}" for p in conn.listAllStoragePools()]
+        return left
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(900)
+async def test_nodes_on_two_hosts_reach_each_other_and_the_endpoint(
+    bed: ManagerBed,
+    multihost_bed: MultihostBed,
+    capl_manager_factory: CaplManagerFactory,
+    control_plane: ControlPlane,
+    guest_image: Path,
+) -> None:
+    manager = await capl_manager_factory(
+        control_plane,
+        name="capl-multihost",
+        webhooks=False,
+        namespace=bed.namespace,
+        extra_args=["--machine-shutdown-timeout=20s"],
+    )
+    await manager.start()
+    consoles = LibvirtHosts()
+    try:
+        cluster = await create_bridge_cluster(bed, multihost_bed, "lan")
+        started = time.monotonic()
+        for name, host in ON.items():
+            bed.live[name] = host
+            await create_machine_objects(
+                bed.create,
+                name,
+                bed.namespace,
+                cluster=cluster.name,
+                spec=guest_spec(guest_image, host),
+                control_plane=name == "cp",
+            )
+        ips = await wait_for_addresses(bed, started)
+        lan = ipaddress.ip_network(
+            f"{multihost_bed.gateway}/{multihost_bed.prefix_len}", strict=False
+        )
+        low, high = (ipaddress.ip_address(a) for a in multihost_bed.dhcp_range)
+        for name, ip in ips.items():
+            assert ipaddress.ip_address(ip) in lan, ip
+            assert low <= ipaddress.ip_address(ip) <= high, ip
+            assert ip in multihost_bed.leases(), f"{name}: {ip} was not leased by the LAN's DHCP"
+        assert len(set(ips.values())) == 2
+
+        uuids = {}
+        for name, host in ON.items():
+            obj = await bed.get(LIBVIRT_MACHINE, name)
+            assert obj is not None
+            assert obj["spec"]["hostName"] == host
+            uuids[name] = obj["spec"]["domainUUID"]
+            conn = open_libvirt(multihost_bed.host(host).local_uri)
+            try:
+                assert conn.lookupByUUIDString(uuids[name]).isActive()
+            finally:
+                conn.close()
+
+        def console(name: str) -> LibvirtHost:
+            bed_host = multihost_bed.host(ON[name])
+            return consoles.get(uri=bed_host.uri, credentials=bed_host.credentials)
+
+        held = await run_in_guest(console("cp"), uuids["cp"], f"ip addr add {ENDPOINT}/24 dev eth0")
+        assert held.status == 0, held.output[-1500:]
+        t0 = time.monotonic()
+        for name, other in (("worker", "cp"), ("cp", "worker")):
+            for target in (ips[other], ENDPOINT):
+                ran = await run_in_guest(console(name), uuids[name], f"ping -c 2 -w 10 {target}")
+                assert ran.status == 0, f"{name} on {ON[name]} -> {target}:\n{ran.output[-1500:]}"
+        record_timing("multihost bridge: 4 pings typed on the consoles", time.monotonic() - t0)
+
+        t0 = time.monotonic()
+        await bed.delete_cluster(cluster, within=180)
+        record_timing("multihost bridge: cluster deleted", time.monotonic() - t0)
+        for host in sorted(set(ON.values())):
+            assert host_is_empty(multihost_bed.host(host)) == [], host
+    finally:
+        await consoles.close()
+        await manager.stop()
