@@ -206,6 +206,10 @@ class LibvirtMigrations:
             self._running.pop(uuid, None)
             job.close()
         if error is None:
+            if before.source is not None and before.source.autostart:  # not carried over
+                await destination.connection.run(
+                    f"set autostart of {uuid}", lambda c: c.lookupByUUIDString(uuid).setAutostart(1)
+                )
             return await self._succeeded(source, destination, uuid, prepared, outcome)
         raise await self._failed(source, destination, uuid, outcome, error)
 
@@ -312,8 +316,9 @@ class LibvirtMigrations:
         )
         elapsed = (outcome.last.elapsed_seconds if outcome.last else 0.0) or 0.0
         final = progress_of(stats, elapsed=elapsed, completed=True) if stats else None
-        if final is not None and stats.get("time_elapsed"):
-            elapsed = int(str(stats["time_elapsed"])) / 1000.0
+        took = stats.get("time_elapsed")
+        if final is not None and isinstance(took, int):
+            elapsed = took / 1000.0
         log.info("migrated %s to %s in %.1f s", uuid, destination.host_id, elapsed)
         return MigrationResult(
             location=location,
