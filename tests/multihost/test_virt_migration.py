@@ -224,7 +224,8 @@ async def moving_guest(multihost_session: BedSession) -> AsyncIterator[MovingGue
         started = await run_in_guest(
             hosts["kvm1"],
             guest.uuid,
-            "(i=0; while :; do echo CAPL-COUNT=$i; i=$((i+1)); sleep 1; done) >/dev/ttyS0 2>&1 &",
+            "(i=0; while :; do echo CAPL-COUNT=$i; i=$((i+1)); sleep 1; done) "
+            ">/dev/ttyS0 2>&1 & true",
             within=120,
         )
         assert started.status == 0
