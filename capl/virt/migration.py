@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import libvirt
 
-from capl.ports.errors import HostUnreachable, OperationInvalid, VirtError
+from capl.ports.errors import DomainNotFound, HostUnreachable, OperationInvalid, VirtError
 from capl.ports.virt import Host, HostId
 from capl.ports.virt.migration import (
     AbortReason,
@@ -245,6 +245,8 @@ class LibvirtMigrations:
                     lambda c: _job_stats(c, uuid),
                     time_limit=_POLL_LIMIT,
                 )
+            except DomainNotFound:  # undefined on the source: the job has just ended
+                return None
             except VirtError as exc:
                 log.warning("reading the migration job of %s: %s", uuid, exc)
                 return None

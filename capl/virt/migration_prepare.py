@@ -11,8 +11,9 @@ What migration does not carry, and ``prepare`` therefore places on the destinati
   writes only the clusters allocated in the source's top layer, so a destination volume left
   by an earlier attempt would keep stale clusters: an existing copy is deleted and created
   again (safe: the domain is not on the destination, and the pool is checked not to be shared
-  first). ``NON_SHARED_DISK`` is not used: it copies the flattened chain into the destination
-  file (more data on the wire; see ``capl.virt.migration_params``).
+  first). Without the base the destination refuses the incremental copy at once; a full copy
+  (``NON_SHARED_DISK``) would work without it but moves and stores the whole chain (measured:
+  ``capl.virt.migration_params``).
 - always (storage copy or not, unless the pool is shared): the files the domain reads but
   migration never copies: the Ignition file (fw_cfg) and the NoCloud ISO (a read-only
   cdrom), copied byte for byte from the source (their content is secret: never logged);

@@ -14,7 +14,9 @@ reservation + DNS record, define, start), then, in order:
    its volumes or network entries; the address answers on the destination;
 3. kvm2 -> kvm1 at 1 MiB/s with a completion timeout of a fraction of a second: aborted, the
    guest still runs on kvm2 (still counting), and after ``unprepare`` nothing of the machine
-   is left on kvm1 (the base image stays: it is shared by the machines of a pool).
+   is left on kvm1 (the base image stays: it is shared by the machines of a pool);
+4. kvm2 -> kvm1 with the base image removed from kvm1: the destination refuses the
+   incremental copy, ``MigrationFailed`` reports the domain still running on kvm2.
 
 Migration time and downtime are printed in the timing summary.
 """
@@ -50,6 +52,7 @@ from capl.ports.virt import (
 from capl.ports.virt.migration import (
     AbortReason,
     MigrationAborted,
+    MigrationFailed,
     MigrationOptions,
     MigrationProgress,
     MigrationRequest,
@@ -298,6 +301,7 @@ async def test_live_migration_with_storage_copy(moving_guest: MovingGuest) -> No
     assert result.location.destination is not None
     assert result.location.destination.persistent
     assert seen, "no progress was reported"
+    record_timing(f"migration: {result.data_processed_bytes >> 20} MiB moved (as s)", 0)
     nics = await kvm2.domain_nics(guest.uuid)
     assert [n.mac for n in nics] == [guest.mac]
 
@@ -356,5 +360,31 @@ async def test_abort_by_completion_timeout_leaves_it_on_the_source(
     assert network is not None
     assert guest.mac not in {h.mac for h in network.dhcp_hosts}
     # still running, still counting on kvm2
+    last = (await guest.counts("kvm2"))[-1]
+    await eventually(lambda: _counting_past(guest, "kvm2", last + 1), within=30, what="counting")
+
+
+async def test_failure_reports_where_the_domain_runs(moving_guest: MovingGuest) -> None:
+    """The destination refuses the incremental copy when the base image is missing there:
+    a MigrationFailed (not an abort) that says the domain still runs on the source."""
+    guest = moving_guest
+    if guest.on != "kvm2":
+        pytest.skip("the storage-copy migration did not move the guest")
+    migrations = LibvirtMigrations()
+    kvm1 = guest.hosts["kvm1"]
+    request = guest.request("kvm1", MigrationOptions(copy_storage=True))
+    prepared = await migrations.prepare(request)
+    base = guest.storage.base_image
+    assert base is not None
+    for name in (base + ".capl-complete", base):
+        assert await kvm1.delete_volume(pool=POOL, name=name)
+    with pytest.raises(MigrationFailed) as caught:
+        await migrations.migrate(request, prepared)
+    assert not isinstance(caught.value, MigrationAborted)
+    assert "backing file" in str(caught.value)
+    assert caught.value.location is not None
+    assert caught.value.location.where is Whereabouts.SOURCE
+    assert await migrations.unprepare(request)
+    assert await kvm1.get_domain(guest.uuid) is None
     last = (await guest.counts("kvm2"))[-1]
     await eventually(lambda: _counting_past(guest, "kvm2", last + 1), within=30, what="counting")
