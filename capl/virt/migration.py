@@ -380,11 +380,13 @@ class LibvirtMigrations:
                 location=location,
                 host=host,
             )
+        code = code_of(error) if isinstance(error, libvirt.libvirtError) else None
         return MigrationFailed(
             f"migration of {uuid} to {destination.host_id} failed: {detail}; domain {where}",
             location=location,
             host=host,
-            code=code_of(error) if isinstance(error, libvirt.libvirtError) else None,
+            code=code,
+            reason="MigrationUnsafe" if code == libvirt.VIR_ERR_MIGRATE_UNSAFE else None,
         )
 
 

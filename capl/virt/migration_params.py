@@ -3,7 +3,7 @@ can move (pure: builds flags and parameters, reads XML; no call to a host).
 
 Flags: ``LIVE | PERSIST_DEST | UNDEFINE_SOURCE | ABORT_ON_ERROR``, plus ``NON_SHARED_INC``
 when storage is copied (never ``TUNNELLED`` then: libvirt refuses NBD storage copy through a
-tunnel), ``AUTO_CONVERGE`` and ``POSTCOPY`` only when the options allow them.
+tunnel), ``AUTO_CONVERGE``, ``POSTCOPY`` and ``UNSAFE`` only when the options allow them.
 
 Why ``NON_SHARED_INC``, as measured against libvirtd 9.0 / QEMU (TCG) on the multi-host bed
 with a 256 MiB test guest whose root disk is a qcow2 overlay (21 MiB virtual) on the 16 MiB
@@ -70,6 +70,8 @@ def migration_flags(options: MigrationOptions) -> int:
         flags |= libvirt.VIR_MIGRATE_AUTO_CONVERGE
     if options.allow_post_copy:
         flags |= libvirt.VIR_MIGRATE_POSTCOPY
+    if options.allow_unsafe:
+        flags |= libvirt.VIR_MIGRATE_UNSAFE
     return flags
 
 

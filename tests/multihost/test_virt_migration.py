@@ -23,19 +23,20 @@ Migration time and downtime are printed in the timing summary.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import secrets
 import subprocess
 import time
 import uuid as uuidlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from capl.ports.errors import InvalidSpec
+from capl.ports.errors import InvalidSpec, VirtError
 from capl.ports.naming import base_image_volume_name
 from capl.ports.virt import (
     ClusterOwner,
@@ -108,7 +109,7 @@ class MovingGuest:
 
     async def console(self, name: str) -> bytes:
         tail = await self.hosts[name].read_volume_tail(
-            pool=POOL, name=self.console_log, limit=1 << 20
+            pool=self.storage.pool, name=self.console_log, limit=1 << 20
         )
         return tail.data if tail is not None else b""
 
@@ -123,27 +124,29 @@ def _image() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-async def _make_host(host: LibvirtHost) -> None:
-    await host.ensure_pool(PoolSpec(name=POOL, path=POOL_PATH, owner=OWNER))
+async def _make_host(host: LibvirtHost, pool: str, path: str) -> None:
+    await host.ensure_pool(PoolSpec(name=pool, path=path, owner=OWNER))
     await host.ensure_network(
         NetworkSpec(name=NETWORK, mode=NetworkMode.NAT, owner=OWNER, cidr=CIDR)
     )
 
 
-async def _boot(hosts: dict[str, LibvirtHost], bed: MultihostBed) -> MovingGuest:
+async def _boot(
+    hosts: dict[str, LibvirtHost], bed: MultihostBed, pool: str, path: str
+) -> MovingGuest:
     host = hosts["kvm1"]
     image = _image()
     digest = hashlib.sha256(image.read_bytes()).hexdigest()
     base_name = base_image_volume_name(image="capl-guest", digest=digest)
     source = ImageFromPath(path=str(image))
-    base = await host.ensure_base_image(pool=POOL, name=base_name, source=source)
+    base = await host.ensure_base_image(pool=pool, name=base_name, source=source)
     prefix = f"capl-mig-{TOKEN}-m"
     root = await host.create_overlay(
-        pool=POOL, name=f"{prefix}-root.qcow2", backing=base, capacity_bytes=0
+        pool=pool, name=f"{prefix}-root.qcow2", backing=base, capacity_bytes=0
     )
     hostname = f"mig-{TOKEN}"
     ignition = await host.upload_volume(
-        pool=POOL, name=f"{prefix}-ignition.ign", data=ignition_config(hostname=hostname)
+        pool=pool, name=f"{prefix}-ignition.ign", data=ignition_config(hostname=hostname)
     )
     mac = random_mac()
     reserved = await host.ensure_dhcp_host(
@@ -164,7 +167,7 @@ async def _boot(hosts: dict[str, LibvirtHost], bed: MultihostBed) -> MovingGuest
             disks=(DiskSpec(path=root.path),),
             nics=(NicSpec(mac=mac, network=NETWORK),),
             fw_cfg=(FwCfgEntry(name="opt/com.coreos/config", file=ignition.path),),
-            console_log=f"{POOL_PATH}/{console_log}",
+            console_log=f"{path}/{console_log}",
         )
     )
     t0 = time.monotonic()
@@ -177,7 +180,7 @@ async def _boot(hosts: dict[str, LibvirtHost], bed: MultihostBed) -> MovingGuest
         mac=mac,
         ip=reserved.ip,
         storage=MigrationStorage(
-            pool=POOL,
+            pool=pool,
             volumes=(root.name,),
             files=(ignition.name,),
             base_image=base_name,
@@ -210,9 +213,13 @@ async def _counting_past(guest: MovingGuest, name: str, value: int) -> bool:
     return bool(counts) and counts[-1] > value
 
 
-@pytest.fixture(scope="module")
-async def moving_guest(multihost_session: BedSession) -> AsyncIterator[MovingGuest]:
-    bed = multihost_session.bed
+@contextlib.asynccontextmanager
+async def guest_on_kvm1(
+    session: BedSession, pool: str, path: str, *, teardown: Callable[[], object] | None = None
+) -> AsyncIterator[MovingGuest]:
+    """A counting guest on kvm1 in ``pool`` (at ``path`` on both hosts); everything of it
+    removed from kvm1 and kvm2 at the end (``teardown`` runs after the pools' removal)."""
+    bed = session.bed
     registry = LibvirtHosts()
     hosts = {
         name: registry.get(uri=bed.host(name).uri, credentials=bed.host(name).credentials)
@@ -221,8 +228,8 @@ async def moving_guest(multihost_session: BedSession) -> AsyncIterator[MovingGue
     guest: MovingGuest | None = None
     try:
         for host in hosts.values():
-            await _make_host(host)
-        guest = await _boot(hosts, bed)
+            await _make_host(host, pool, path)
+        guest = await _boot(hosts, bed, pool, path)
         # the memory state: a counter in the guest's shell, on its serial console
         started = await run_in_guest(
             hosts["kvm1"],
@@ -239,8 +246,17 @@ async def moving_guest(multihost_session: BedSession) -> AsyncIterator[MovingGue
             if guest is not None:
                 await host.undefine_domain(guest.uuid, owner=guest.owner)
             await host.delete_network(name=NETWORK, owner=OWNER)
-            await host.delete_pool(name=POOL, owner=OWNER)
+            with contextlib.suppress(VirtError):  # a shared pool's directory goes once
+                await host.delete_pool(name=pool, owner=OWNER)
         await registry.close()
+        if teardown is not None:
+            teardown()
+
+
+@pytest.fixture(scope="module")
+async def moving_guest(multihost_session: BedSession) -> AsyncIterator[MovingGuest]:
+    async with guest_on_kvm1(multihost_session, POOL, POOL_PATH) as guest:
+        yield guest
 
 
 async def test_same_host_is_refused_and_changes_nothing(moving_guest: MovingGuest) -> None:

@@ -78,6 +78,12 @@ class MigrationOptions:
     copy_storage: bool = False
     """Copy the disks (the pools are not shared between the hosts). With a shared pool the
     disks are not copied; ``prepare`` checks which is true and refuses a mismatch."""
+    allow_unsafe: bool = False
+    """Migrate disks that are not copied even where libvirt cannot tell that they are safe
+    to share: it accepts only a cluster or network file system (NFS, GFS2, Ceph...) with
+    ``cache='none'`` and refuses anything else ("Migration without shared storage is
+    unsafe", reason ``MigrationUnsafe``), e.g. one local directory bind-mounted into two
+    hosts on one machine (the test bed), which ``prepare`` has proved shared."""
 
     def __post_init__(self) -> None:
         if self.bandwidth_mib_per_s is not None and self.bandwidth_mib_per_s <= 0:

@@ -89,6 +89,8 @@ def test_flags_live_persistent_undefine_abort_on_error_and_incremental_copy() ->
         assert not flags & libvirt.VIR_MIGRATE_TUNNELLED
         assert not flags & libvirt.VIR_MIGRATE_PEER2PEER
     assert not copy & (libvirt.VIR_MIGRATE_AUTO_CONVERGE | libvirt.VIR_MIGRATE_POSTCOPY)
+    assert not everything & libvirt.VIR_MIGRATE_UNSAFE
+    assert migration_flags(MigrationOptions(allow_unsafe=True)) & libvirt.VIR_MIGRATE_UNSAFE
 
 
 def test_params_uri_disks_bandwidth() -> None:
