@@ -360,6 +360,16 @@ class HandlePool:
             handle.lent = False
         self._release(handle)
 
+    def open_dedicated(self, action: str) -> Any:
+        """A ``virConnect`` outside the pool for one call that holds its connection for
+        minutes (a migration job): keepalive on, no callbacks, not counted per call; the
+        caller closes it (``dispose_connection``). Refused fast while the host is lost."""
+        with self._state:
+            refused = self._unavailable(action)
+        if refused is not None:
+            raise refused
+        return self._connect()
+
     def _connect(self) -> Any:
         """Open one ``virConnect`` (keepalive on when it speaks RPC)."""
         ensure_event_loop()

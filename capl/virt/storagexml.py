@@ -86,6 +86,9 @@ def parse_volume_xml(document: str, *, pool: str) -> VolumeInfo:
 class HostCaps:
     arch: str
     domain_types: tuple[str, ...]
+    uuid: str = ""
+    """The host's UUID (``host_uuid`` in libvirtd.conf, else from DMI): two URIs that show
+    the same one reach the same host."""
 
 
 def parse_host_caps(document: str) -> HostCaps:
@@ -103,7 +106,11 @@ def parse_host_caps(document: str) -> HostCaps:
         found = [d.get("type", "") for d in arch_element.findall("domain") if d.get("type")]
         target = types if arch_element.get("name") == arch else fallback
         target.extend(t for t in found if t not in target)
-    return HostCaps(arch=arch, domain_types=tuple(types or fallback))
+    return HostCaps(
+        arch=arch,
+        domain_types=tuple(types or fallback),
+        uuid=(child_text(root, "host/uuid") or "").lower(),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,9 @@ holds one object kind, its values and its part of the ``Host`` Protocol together
 - ``domains``: the domain spec and what is read back: state, NICs, addresses, guest files
   (``HostDomains``);
 - ``events``: domain lifecycle and host connection events, ``Subscription``;
-- ``hosts``: ``HostOptions``, ``HostInfo``, ``Host`` (info + the three parts) and ``Hosts``.
+- ``hosts``: ``HostOptions``, ``HostInfo``, ``Host`` (info + the three parts) and ``Hosts``;
+- ``migration``: live migration between two hosts (``Migrations``, its options, progress,
+  results and errors).
 
 Shape of the API
 ----------------
@@ -96,6 +98,21 @@ from capl.ports.virt.identity import (
     DomainOwner,
     HostId,
 )
+from capl.ports.virt.migration import (
+    AbortReason,
+    DomainLocation,
+    MigrationAborted,
+    MigrationFailed,
+    MigrationOptions,
+    MigrationPhase,
+    MigrationProgress,
+    MigrationRequest,
+    MigrationResult,
+    Migrations,
+    MigrationStorage,
+    PreparedMigration,
+    Whereabouts,
+)
 from capl.ports.virt.networks import (
     DhcpHost,
     DhcpLease,
@@ -125,6 +142,7 @@ __all__ = [
     "CAPL_XML_NAMESPACE",
     "CAPL_XML_PREFIX",
     "DIR_POOL",
+    "AbortReason",
     "AddressSource",
     "BaseImage",
     "ClusterOwner",
@@ -137,6 +155,7 @@ __all__ = [
     "DomainEvent",
     "DomainEventKind",
     "DomainInfo",
+    "DomainLocation",
     "DomainNic",
     "DomainOwner",
     "DomainSpec",
@@ -160,12 +179,22 @@ __all__ = [
     "ImageFromVolume",
     "ImageSource",
     "InterfaceAddress",
+    "MigrationAborted",
+    "MigrationFailed",
+    "MigrationOptions",
+    "MigrationPhase",
+    "MigrationProgress",
+    "MigrationRequest",
+    "MigrationResult",
+    "MigrationStorage",
+    "Migrations",
     "NetworkInfo",
     "NetworkMode",
     "NetworkSpec",
     "NicSpec",
     "PoolInfo",
     "PoolSpec",
+    "PreparedMigration",
     "StopResult",
     "Subscription",
     "VirtEvent",
@@ -174,4 +203,5 @@ __all__ = [
     "VolumeInfo",
     "VolumeRef",
     "VolumeTail",
+    "Whereabouts",
 ]
