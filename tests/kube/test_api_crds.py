@@ -161,13 +161,13 @@ def full_cluster(name: str = "full") -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {
             "controlPlaneEndpoint": {"host": "192.168.150.5", "port": 6443},
+            # one host: a created network (cidr) on several hosts is refused
             "hosts": [
-                {"name": "h0", "uri": "qemu:///system", "controlPlane": True},
                 {
-                    "name": "h1",
+                    "name": "h0",
                     "uri": "qemu+ssh://root@kvm1.example.invalid/system",
                     "credentialsRef": {"name": "kvm1-ssh"},
-                    "controlPlane": False,
+                    "controlPlane": True,
                 },
             ],
             "network": {
@@ -350,6 +350,7 @@ async def test_server_side_apply_merges_hosts_by_name(
 ) -> None:
     base = full_cluster("ssa")
     base["spec"]["hosts"] = [{"name": "h0", "uri": "qemu:///system"}]
+    base["spec"]["network"] = {"mode": "bridge", "bridge": "br0"}  # room for a second host
     await control_plane.kubectl(
         "apply", "--server-side", "--field-manager=alice", "-n", namespace, "-f", "-",
         stdin=yaml.safe_dump(base).encode(),
@@ -768,7 +769,10 @@ async def test_mutable_fields_stay_mutable(
     assert patched["spec"]["cpus"] == 8
     # Re-sending the same write-once values is not a change.
     await merge_patch(objects, namespace, "LibvirtMachine", "mut", {"spec": {"hostName": "h0"}})
-    await create(objects, namespace, cluster("mut"))
+    # bridge mode: hosts can be added (a created nat/isolated network allows one host)
+    await create(
+        objects, namespace, at(cluster("mut"), "spec.network", {"mode": "bridge", "bridge": "br0"})
+    )
     await merge_patch(
         objects, namespace, "LibvirtCluster", "mut",
         {"spec": {"controlPlaneEndpoint": {"host": "api.mut.example", "port": 6443}}},

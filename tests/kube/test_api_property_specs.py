@@ -213,6 +213,8 @@ def cluster_spec(draw: st.DrawFn) -> dict[str, Any]:
             network["name"] = draw(libvirt_name)
         _put(network, "bridge", _maybe(draw, bridge_name))
         _put(network, "dnsDomain", _maybe(draw, dns_subdomain))
+    if "cidr" in network and mode != "bridge":
+        hosts = hosts[:1]  # a created nat/isolated network on several hosts is refused
     spec: dict[str, Any] = {"hosts": hosts, "network": network}
     if draw(st.booleans()):
         endpoint = {"host": draw(st.one_of(ipv4, dns_subdomain))}
@@ -514,10 +516,8 @@ MACHINE_BASE: dict[str, Any] = {
 }
 CLUSTER_BASE: dict[str, Any] = {
     "controlPlaneEndpoint": {"host": "10.0.0.2", "port": 6443},
-    "hosts": [
-        {"name": "h0", "uri": "qemu:///system"},
-        {"name": "h1", "uri": "qemu+ssh://root@kvm1.example.invalid/system", "controlPlane": False},
-    ],
+    # one host: a created isolated network on several would be refused (one island per host)
+    "hosts": [{"name": "h0", "uri": "qemu:///system"}],
     "network": {"cidr": "10.0.0.0/24", "mode": "isolated", "dnsDomain": "demo.internal"},
     "storagePool": {"name": "pool", "path": "/var/lib/libvirt/images/pool"},
 }

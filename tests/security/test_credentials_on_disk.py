@@ -91,7 +91,9 @@ async def manager_with_credentials(
         direct_uri=shared_test_driver,
         credentials_secret="ssh-credentials",
     )
-    cluster = await bed.create_cluster("disk", hosts=[tls, ssh], base_volume_on=["tls"])
+    cluster = await bed.create_cluster(
+        "disk", hosts=[tls, ssh], base_volume_on=["tls"], adopt_network=True
+    )
     await bed.secret(
         "disk-kubeconfig", {"value": control_plane.add_user(f"{bed.namespace}-wl").read_bytes()}
     )

@@ -157,7 +157,7 @@ async def test_secrets_never_leak(
             credentials_secret="tls-credentials",
         )
         cluster = await bed.create_cluster(
-            "leak", hosts=[kvm, tls], base_volume_on=["tls"], within=180
+            "leak", hosts=[kvm, tls], base_volume_on=["tls"], within=180, adopt_network=True
         )
         await bed.secret("leak-kubeconfig", {"value": kubeconfig})
 
