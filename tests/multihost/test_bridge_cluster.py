@@ -31,6 +31,7 @@ import pytest
 from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, LIBVIRT_MACHINE
 from capl.testbed import ControlPlane
 from capl.testbed.multihost import BedHost, MultihostBed
+from capl.testing.objects import cluster_obj, create_machine_objects, libvirt_cluster_obj
 from capl.virt import LibvirtHost, LibvirtHosts
 from tests.e2e.harness import internal_ip
 from tests.fixtures.bed import BedCluster, Host, ManagerBed, bed_for
@@ -38,7 +39,6 @@ from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import eventually
 from tests.fixtures.libvirt import record_timing
 from tests.fixtures.libvirt_direct import open_libvirt
-from tests.fixtures.objects import cluster_obj, create_machine_objects, libvirt_cluster_obj
 from tests.multihost.guest import run_in_guest
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
@@ -94,8 +94,8 @@ async def create_bridge_cluster(bed: ManagerBed, lan: MultihostBed, name: str) -
         cluster=cluster.cluster,
         hosts=[h.entry() for h in hosts],
         mode="bridge",
+        bridge=lan.host_bridge,
     )
-    lc["spec"]["network"]["bridge"] = lan.host_bridge
     lc["spec"]["controlPlaneEndpoint"] = {"host": ENDPOINT, "port": 6443}
     await bed.create(LIBVIRT_CLUSTER, lc)
     cluster.libvirt_cluster = await bed.wait_for(
