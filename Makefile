@@ -81,6 +81,10 @@ test: venv lint ## set everything up, then run every test
 demo-e2e: venv ## the default (real-node) capl demo end to end, as make demo runs it (not in make test)
 	@CAPL_TEST_STAGES=demo hack/test.sh
 
+.PHONY: test-multihost
+test-multihost: venv ## the multihost stage: the three-host bed, bridge mode across hosts, live migration (not in make test yet)
+	@CAPL_TEST_STAGES=multihost hack/test.sh
+
 .PHONY: e2e-kcp
 e2e-kcp: venv ## a KubeadmControlPlane machine running kubeadm init in a TCG guest, and a worker joining it (not in make test)
 	@CAPL_TEST_STAGES=kcp hack/test.sh
