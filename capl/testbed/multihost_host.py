@@ -54,6 +54,7 @@ from capl.testbed.multihost_net import (
     stop_pids,
 )
 from capl.testbed.process import tail
+from capl.testbed.sshd import sshd_config
 
 SHARED_MOUNT: Final = "/srv/capl-shared"
 TLS_PORT: Final = 16514
@@ -203,26 +204,13 @@ def write_sshd_config(plan: HostPlan, dirs: HostDirs, *, authorized_key: str) ->
         path.unlink(missing_ok=True)
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", plan.name, "-f", str(host_key)])
     write_file(dirs.ssh / "authorized_keys", (authorized_key + "\n").encode(), mode=0o600)
-    config = [
-        f"ListenAddress {plan.lan_ip}:{SSH_PORT}",
-        f"HostKey {host_key}",
-        f"AuthorizedKeysFile {dirs.ssh / 'authorized_keys'}",
-        f"PidFile {dirs.pid_file('sshd')}",
-        "PermitRootLogin prohibit-password",
-        "AllowUsers root",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "UsePAM no",
-        "StrictModes no",
-        "AllowTcpForwarding no",
-        "AllowAgentForwarding no",
-        "X11Forwarding no",
-        "PermitTTY no",
-        "PrintMotd no",
-        "LogLevel VERBOSE",
-    ]
-    write_file(dirs.ssh / "sshd_config", ("\n".join(config) + "\n").encode(), mode=0o600)
+    config = sshd_config(
+        listen=f"{plan.lan_ip}:{SSH_PORT}",
+        host_key=host_key,
+        authorized_keys=dirs.ssh / "authorized_keys",
+        pid_file=dirs.pid_file("sshd"),
+    )
+    write_file(dirs.ssh / "sshd_config", config, mode=0o600)
     public = " ".join(host_key.with_suffix(".pub").read_text().split()[:2])
     return f"{plan.lan_ip} {public}"
 
