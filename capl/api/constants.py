@@ -58,6 +58,8 @@ MACHINE_FINALIZER: Final = "libvirtmachine.infrastructure.cluster.x-k8s.io"
 CLUSTER_FINALIZER: Final = "libvirtcluster.infrastructure.cluster.x-k8s.io"
 #: On a LibvirtMachineMigration until it is finished: deleting an unfinished one aborts it.
 MIGRATION_FINALIZER: Final = "libvirtmachinemigration.infrastructure.cluster.x-k8s.io"
+#: On the LibvirtMachineMigrations a host's maintenance creates: the host being evacuated.
+EVACUATION_HOST_LABEL: Final = "infrastructure.cluster.x-k8s.io/evacuation-host"
 
 # --- Cluster API labels and annotations ------------------------------------------------------
 
