@@ -79,6 +79,10 @@ class LibvirtHost(K8sModel):
     allow_insecure_tcp: bool = Field(default=False, alias="allowInsecureTCP")
     """Permit a qemu+tcp URI: unauthenticated and unencrypted, effectively root on the host for
     anyone on the network (refused unless set)."""
+    migration_address: DNSSubdomain | None = None
+    """Address other hosts send live-migration data to when this host is the destination
+    (QEMU listens there; libvirt's qemu.conf `migration_address`). Default: the host part of
+    `uri`; required for a URI without one (qemu:///system) to receive migrations."""
     maintenance: HostMaintenance | None = None
     """Set to put the host into maintenance (`capl maintenance start`); remove to end it."""
 

@@ -850,7 +850,8 @@ async def test_host_name_changes_only_along_a_migration(
     for patch, field in refused:
         with pytest.raises(ApiException) as info:
             await merge_patch(objects, namespace, "LibvirtMachine", "mig", {"spec": patch})
-        assert info.value.status == 422 and field in message_of(info.value), patch
+        assert info.value.status == 422, patch
+        assert field in message_of(info.value), patch
     await merge_patch(
         objects, namespace, "LibvirtMachine", "mig", {"spec": {"migrationTarget": "h1"}}
     )
@@ -862,7 +863,8 @@ async def test_host_name_changes_only_along_a_migration(
     for patch, field in refused:
         with pytest.raises(ApiException) as info:
             await merge_patch(objects, namespace, "LibvirtMachine", "mig", {"spec": patch})
-        assert info.value.status == 422 and field in message_of(info.value), patch
+        assert info.value.status == 422, patch
+        assert field in message_of(info.value), patch
     moved = await merge_patch(
         objects,
         namespace,
@@ -870,7 +872,8 @@ async def test_host_name_changes_only_along_a_migration(
         "mig",
         {"spec": {"hostName": "h1", "migrationTarget": None}},
     )
-    assert moved["spec"]["hostName"] == "h1" and "migrationTarget" not in moved["spec"]
+    assert moved["spec"]["hostName"] == "h1"
+    assert "migrationTarget" not in moved["spec"]
     # an aborted migration clears the target and leaves hostName alone
     await merge_patch(
         objects, namespace, "LibvirtMachine", "mig", {"spec": {"migrationTarget": "h0"}}
