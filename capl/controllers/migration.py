@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,8 +67,8 @@ from capl.runtime.controller import Controller, Result, Watch
 from capl.runtime.errors import ApiError
 from capl.runtime.events import WARNING
 from capl.runtime.manager import Manager
-from capl.runtime.objects import Obj, ObjectKey, copy_obj, meta
-from capl.runtime.patch import apply_patch
+from capl.runtime.objects import Obj, ObjectKey, copy_obj, meta, resource_version
+from capl.runtime.patch import ReadYourWrites, apply_patch
 from capl.runtime.resources import CLUSTER, LIBVIRT_MACHINE, LIBVIRT_MACHINE_MIGRATION, MACHINE
 from capl.runtime.store import INDEX_CLUSTER, cluster_index_value
 
@@ -105,6 +105,9 @@ class MigrationReconciler:
         self.options = options or MigrationOptions()
         self.controller: Controller | None = None
         self.jobs: dict[ObjectKey, tuple[asyncio.Task[None], Moving]] = {}
+        self.writes = ReadYourWrites()
+        """Our own status writes, read back until the cache has them (a reconcile right
+        after a write must not act on the phase before it)."""
 
     # -- wiring ------------------------------------------------------------------------------
 
@@ -135,9 +138,10 @@ class MigrationReconciler:
     # -- reconcile ---------------------------------------------------------------------------
 
     async def reconcile(self, key: ObjectKey) -> Result:
-        raw = self.deps.cache.get(LIBVIRT_MACHINE_MIGRATION, key)
+        raw = self.writes.read(key, self.deps.cache.get(LIBVIRT_MACHINE_MIGRATION, key))
         running = self.jobs.get(key)
         if raw is None:
+            self.writes.forget(key)
             if running is not None:
                 running[1].abort_requested = True
                 await self.migrations.abort(running[1].uuid)
@@ -166,7 +170,9 @@ class MigrationReconciler:
         if not deleting and c.MIGRATION_FINALIZER not in (meta(raw).get("finalizers") or []):
             desired = copy_obj(raw)
             add_finalizer(desired, c.MIGRATION_FINALIZER)
+            before = resource_version(raw)
             raw = await apply_patch(self._client(), raw, desired, status=False)
+            self.writes.wrote(key, before=before, answer=raw)
         return await self._step(key, raw, mig, deleting)
 
     async def _step(
@@ -337,7 +343,9 @@ class MigrationReconciler:
         if isinstance(moving, str):
             return await self._finish_failed(key, c.Reason.MIGRATION_FAILED, moving)
         moving.abort_requested = deleting or lm.metadata.deletion_timestamp is not None
-        job = MigrationJob(self.deps, self.migrations, moving, clock=time.monotonic)
+        job = MigrationJob(
+            self.deps, self.migrations, moving, status=self._writer(key), clock=time.monotonic
+        )
         if mig.status.phase == "PreparingTarget" and not moving.abort_requested:
             if lm.spec.host_name != moving.source.name:
                 return await self._recover(key, mig, job)
@@ -448,7 +456,16 @@ class MigrationReconciler:
         return self.deps.client.resource(LIBVIRT_MACHINE_MIGRATION)
 
     async def _status(self, key: ObjectKey, changes: dict[str, Any]) -> None:
-        await self._client().patch_status(key, {"status": changes})
+        current = self.writes.read(key, self.deps.cache.get(LIBVIRT_MACHINE_MIGRATION, key))
+        before = resource_version(current) if current is not None else ""
+        answer = await self._client().patch_status(key, {"status": changes})
+        self.writes.wrote(key, before=before, answer=answer)
+
+    def _writer(self, key: ObjectKey) -> Callable[[dict[str, Any]], Awaitable[None]]:
+        async def write(changes: dict[str, Any]) -> None:
+            await self._status(key, changes)
+
+        return write
 
     async def _machine_spec(
         self, namespace: str, lm: LibvirtMachine, changes: dict[str, Any]

@@ -18,7 +18,7 @@ the reason in the Succeeded condition and a Warning event.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +48,7 @@ from capl.runtime.conditions import rfc3339
 from capl.runtime.errors import ApiError
 from capl.runtime.events import NORMAL, WARNING
 from capl.runtime.objects import ObjectKey
-from capl.runtime.resources import LIBVIRT_MACHINE, LIBVIRT_MACHINE_MIGRATION
+from capl.runtime.resources import LIBVIRT_MACHINE
 
 __all__ = ["MigrationJob", "Moving", "succeeded_condition"]
 
@@ -94,9 +94,17 @@ class MigrationJob:
     """Prepare, migrate, finalize (or undo) one migration; see the module docstring."""
 
     def __init__(
-        self, deps: Deps, migrations: Migrations, moving: Moving, *, clock: Callable[[], float]
+        self,
+        deps: Deps,
+        migrations: Migrations,
+        moving: Moving,
+        *,
+        status: Callable[[dict[str, Any]], Awaitable[None]],
+        clock: Callable[[], float],
     ) -> None:
         self.deps = deps
+        self.status = status
+        """Patches the migration's status (and remembers the answer: read-your-writes)."""
         self.migrations = migrations
         self.moving = moving
         self.clock = clock
@@ -191,10 +199,6 @@ class MigrationJob:
         return request, await self.migrations.prepare(request)
 
     # -- writes -------------------------------------------------------------------------------
-
-    async def status(self, changes: dict[str, Any]) -> None:
-        client = self.deps.client.resource(LIBVIRT_MACHINE_MIGRATION)
-        await client.patch_status(self.moving.key, {"status": changes})
 
     async def machine_spec(self, changes: dict[str, Any]) -> None:
         client = self.deps.client.resource(LIBVIRT_MACHINE)
