@@ -88,6 +88,10 @@ class LibvirtMachineMigrationStatus(K8sModel):
     """When the libvirt job started."""
     completion_time: Time | None = None
     """When the migration reached Succeeded or Failed."""
+    cleanup_pending: Literal["Source", "Target"] | None = None
+    """A host could not be cleaned when the migration ended (unreachable): the source after
+    success, the target after a failure. capl retries until it is clean, then clears this;
+    the finalizer stays until then."""
     abort_requested: bool | None = None
     """The migration was deleted (or its machine) while it ran; it is being aborted."""
     state: MigrationState | None = None

@@ -51,6 +51,7 @@ from capl.controllers.common import (
     paused,
     remove_finalizer,
 )
+from capl.controllers.machine.plan import fault_point
 from capl.controllers.migration_job import MigrationJob, Moving, succeeded_condition
 from capl.controllers.migration_plan import (
     Candidate,
@@ -89,6 +90,8 @@ class MigrationOptions:
     incoming_retry: float = 5.0
     """How soon to look again while the destination holds an incoming domain (recovery)."""
     conflict_retry: float = 60.0
+    cleanup_retry: float = 15.0
+    """How soon to try again to clean a host that was unreachable when a migration ended."""
 
 
 def index_machine(obj: Obj) -> Iterable[str]:
@@ -161,6 +164,8 @@ class MigrationReconciler:
             self.jobs.pop(key, None)
             return Result(requeue_after=0.0)  # look again at what the job left
         if mig.status.phase in TERMINAL_PHASES:
+            if mig.status.cleanup_pending:
+                return await self._clean_up(key, mig)
             if deleting:
                 await self._drop_finalizer(raw)
             return DONE
@@ -255,6 +260,7 @@ class MigrationReconciler:
             },
         )
         await self._machine_spec(key.namespace, lm, {"migrationTarget": chosen})
+        fault_point("migration-scheduled")
         return Result(requeue_after=self.options.handshake_retry)
 
     def _refusal(
@@ -365,6 +371,24 @@ class MigrationReconciler:
                 self._start(key, job)
                 return DONE
         return await self._recover(key, mig, job)
+
+    async def _clean_up(self, key: ObjectKey, mig: LibvirtMachineMigration) -> Result:
+        """A finished migration left a host uncleaned (unreachable then): try again."""
+        found = self._resolve(key, mig)
+        moving = self._moving(key, mig, found[0], found[2]) if not isinstance(found, str) else found
+        if isinstance(moving, str):
+            log.warning("cannot clean up after a migration", why=moving)
+            await self._status(key, {"cleanupPending": None, "message": f"not cleaned: {moving}"})
+            return DONE
+        job = MigrationJob(
+            self.deps, self.migrations, moving, status=self._writer(key), clock=time.monotonic
+        )
+        try:
+            await job.clean_up(mig.status.cleanup_pending or "")
+        except VirtError as exc:
+            log.info("clean-up after a migration waits for its host", error=str(exc))
+            return Result(requeue_after=self.options.cleanup_retry)
+        return Result(requeue_after=0.0)
 
     def _moving(
         self,

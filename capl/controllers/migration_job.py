@@ -29,7 +29,7 @@ from capl.api.cluster import LibvirtCluster, LibvirtHost
 from capl.api.machine import LibvirtMachine
 from capl.api.migration import LibvirtMachineMigration
 from capl.controllers.common import Deps, connect_host, layout
-from capl.controllers.machine.plan import image_plan
+from capl.controllers.machine.plan import fault_point, image_plan
 from capl.ports.errors import InvalidSpec, VirtError
 from capl.ports.naming import machine_names
 from capl.ports.virt import DomainOwner, Host
@@ -210,6 +210,7 @@ class MigrationJob:
         self.deps.recorder.event(self.moving.machine.wire(), kind, reason, message)
 
     async def on_progress(self, progress: MigrationProgress) -> None:
+        fault_point("migration-running")
         now = self.clock()
         if now - self._last_state < _STATE_INTERVAL:
             return
@@ -238,6 +239,7 @@ class MigrationJob:
         except VirtError as exc:
             await self.fail(None, c.Reason.MIGRATION_FAILED, f"preparing {m.target.name}: {exc}")
             return
+        fault_point("migration-prepared")
         await self.status(
             {
                 "phase": "Running",
@@ -257,6 +259,7 @@ class MigrationJob:
             await self.fail(request, c.Reason.MIGRATION_FAILED, str(exc))
             return
         log.info("live migration done", seconds=round(time.monotonic() - started, 2))
+        fault_point("migration-moved")
         await self.finalize(request, result)
 
     def started_message(self, prepared: PreparedMigration) -> str:
@@ -272,14 +275,14 @@ class MigrationJob:
         m = self.moving
         await self.status({"phase": "Finalizing", "message": "the domain runs on the target"})
         await self.machine_spec({"hostName": m.target.name, "migrationTarget": None})
-        removed: list[str] = []
+        fault_point("migration-recorded")
+        pending = None
         try:
             removed = await self.migrations.cleanup_source(request)
         except VirtError as exc:
-            # the domain runs on the target; what is left on the source is what a second
-            # look removes (the orphan sweep does not: those volumes carry a live owner)
+            # the domain runs on the target; the source is cleaned later (cleanupPending)
             log.warning("cleaning the source after a migration", error=str(exc))
-            self.events("Warning", c.Reason.MIGRATION_SUCCEEDED, f"source not cleaned: {exc}")
+            removed, pending = [], "Source"
         state: dict[str, Any] = {}
         if result is not None:
             state = {
@@ -293,6 +296,7 @@ class MigrationJob:
         await self.status(
             {
                 "phase": "Succeeded",
+                "cleanupPending": pending,
                 "completionTime": rfc3339(),
                 "state": state or None,
                 "message": message,
@@ -301,6 +305,20 @@ class MigrationJob:
         )
         log.info("migration succeeded", removed_from_source=len(removed))
         self.events("Normal", c.Reason.MIGRATION_SUCCEEDED, message)
+
+    async def clean_up(self, which: str) -> None:
+        """Retry what a finished migration could not clean (status.cleanupPending): the
+        source after success, the target after a failure. Raises VirtError while the host
+        still cannot be reached."""
+        request = await self.with_files(
+            self.request(copy_storage=bool(self.moving.migration.status.copy_storage))
+        )
+        if which == "Source":
+            removed = await self.migrations.cleanup_source(request)
+        else:
+            removed = await self.migrations.unprepare(request)
+        log.info("cleaned up after a migration", host=which, removed=len(removed))
+        await self.status({"cleanupPending": None})
 
     async def fail(self, request: MigrationRequest | None, reason: str, message: str) -> None:
         """The domain stays (or is back) on the source: undo the preparation, hand the
@@ -313,15 +331,20 @@ class MigrationJob:
                 request = await self.with_files(self.request(copy_storage=True))
             except VirtError:
                 request = None
-        if request is not None:
+        pending = None
+        if request is None:
+            pending = "Target"
+        else:
             try:
                 await self.migrations.unprepare(request)
             except VirtError as exc:
                 log.warning("undoing the preparation of a failed migration", error=str(exc))
+                pending = "Target"
         await self.machine_spec({"migrationTarget": None})
         await self.status(
             {
                 "phase": "Failed",
+                "cleanupPending": pending,
                 "completionTime": rfc3339(),
                 "message": message[:2048],
                 "conditions": [succeeded_condition(False, reason, message[:1024])],

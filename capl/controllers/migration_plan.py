@@ -17,6 +17,7 @@ from capl.api.cluster import LibvirtHost
 from capl.ports.virt.migration import Whereabouts
 
 __all__ = [
+    "MIGRATION_FAULT_STEPS",
     "Candidate",
     "NoTarget",
     "Recovery",
@@ -24,6 +25,17 @@ __all__ = [
     "migration_address",
     "recover",
 ]
+
+
+MIGRATION_FAULT_STEPS: tuple[str, ...] = (
+    "migration-scheduled",  # status PreparingTarget and the machine's migrationTarget written
+    "migration-prepared",  # the destination prepared, the job not started
+    "migration-running",  # the libvirt job in flight (its first progress report)
+    "migration-moved",  # libvirt moved the domain; the machine's hostName not yet changed
+    "migration-recorded",  # hostName changed; the source not cleaned yet
+)
+"""Where `CAPL_FAULT=<step>` (capl.controllers.machine.plan.fault_point) kills the manager
+during a migration, for the crash tests (tests/multihost/test_migration_crash.py)."""
 
 
 @dataclass(frozen=True, slots=True)
