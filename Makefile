@@ -82,7 +82,7 @@ demo-e2e: venv ## the default (real-node) capl demo end to end, as make demo run
 	@CAPL_TEST_STAGES=demo hack/test.sh
 
 .PHONY: test-multihost
-test-multihost: venv ## the multihost stage: the three-host bed, bridge mode across hosts, live migration (not in make test yet)
+test-multihost: venv ## the multihost stage alone (in make test too): the three-host bed, bridge mode across hosts, live migration
 	@CAPL_TEST_STAGES=multihost hack/test.sh
 
 .PHONY: e2e-kcp

@@ -17,7 +17,7 @@ note "set-up: $((SECONDS - stage_start)) s"
 
 PYTEST=(.venv/bin/pytest -p no:cacheprovider)
 # CAPL_TEST_STAGES narrows the run to some stages (e.g. "controllers chaos") when iterating.
-for stage in ${CAPL_TEST_STAGES:-unit virt kube controllers chaos libvirtd security e2e nodes}; do
+for stage in ${CAPL_TEST_STAGES:-unit virt kube controllers chaos libvirtd security e2e multihost nodes}; do
 	# a stage with no test files yet is skipped (pytest would exit 5, "no tests collected")
 	compgen -G "tests/$stage/test_*.py" >/dev/null || continue
 	timed "tests/$stage" "${PYTEST[@]}" "tests/$stage" ${PYTEST_ARGS:-}

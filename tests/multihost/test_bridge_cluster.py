@@ -25,7 +25,9 @@ import ipaddress
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from xml.etree import ElementTree
 
+import libvirt
 import pytest
 
 from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, LIBVIRT_MACHINE
@@ -33,6 +35,7 @@ from capl.testbed import ControlPlane
 from capl.testbed.multihost import BedHost, MultihostBed
 from capl.testing.objects import cluster_obj, create_machine_objects, libvirt_cluster_obj
 from capl.virt import LibvirtHost, LibvirtHosts
+from capl.virt.domainxml import GUEST_AGENT_CHANNEL
 from tests.e2e.harness import internal_ip
 from tests.fixtures.bed import BedCluster, Host, ManagerBed, bed_for
 from tests.fixtures.capl import CaplManagerFactory
@@ -111,7 +114,62 @@ async def create_bridge_cluster(bed: ManagerBed, lan: MultihostBed, name: str) -
     return cluster
 
 
-async def wait_for_addresses(bed: ManagerBed, started: float) -> dict[str, str]:
+def agent_channel_state(lan: MultihostBed, host: str, uuid: str) -> str:
+    """The state libvirt has for the domain's guest agent channel (``connected`` once the
+    agent in the guest opened its port and libvirt connected to it)."""
+    conn = open_libvirt(lan.host(host).local_uri)
+    try:
+        document = ElementTree.fromstring(conn.lookupByUUIDString(uuid).XMLDesc(0))
+    finally:
+        conn.close()
+    for target in document.iterfind("./devices/channel/target"):
+        if target.get("name") == GUEST_AGENT_CHANNEL:
+            return target.get("state") or "unknown"
+    return "no agent channel"
+
+
+def console_log(lan: MultihostBed, host: str, uuid: str) -> Path | None:
+    """The guest's serial console log, seen from the root namespace (the path in the domain
+    is inside the host's /var/lib/libvirt)."""
+    conn = open_libvirt(lan.host(host).local_uri)
+    try:
+        document = ElementTree.fromstring(conn.lookupByUUIDString(uuid).XMLDesc(0))
+    finally:
+        conn.close()
+    element = document.find("./devices/serial/log")
+    if element is None or not element.get("file"):
+        return None
+    inside = Path(str(element.get("file"))).relative_to("/var/lib/libvirt")
+    return lan.root / host / "lib" / inside
+
+
+async def why_no_address(bed: ManagerBed, lan: MultihostBed) -> str:
+    """Where each machine's address is stuck: the agent channel's state, the DHCP lease the
+    guest printed on its console, the LAN dnsmasq's leases."""
+    lines = []
+    for name, host in ON.items():
+        obj = await bed.get(LIBVIRT_MACHINE, name)
+        uuid = str(((obj or {}).get("spec") or {}).get("domainUUID") or "")
+        if not uuid:
+            lines.append(f"{name}: no domain yet")
+            continue
+        try:
+            state = agent_channel_state(lan, host, uuid)
+            log = console_log(lan, host, uuid)
+        except libvirt.libvirtError as exc:
+            lines.append(f"{name}: {exc}")
+            continue
+        text = log.read_text(errors="replace") if log is not None and log.exists() else ""
+        leased = [m for m in text.splitlines() if "CAPL-GUEST: ip=" in m or "dhcp=" in m]
+        lines.append(
+            f"{name} on {host}: agent channel {state}; console: "
+            f"{leased[-1].strip() if leased else 'no DHCP marker'}"
+        )
+    lines.append("LAN leases:\n" + (lan.leases().strip() or "(none)"))
+    return "\n".join(lines)
+
+
+async def wait_for_addresses(bed: ManagerBed, lan: MultihostBed, started: float) -> dict[str, str]:
     """Every machine Ready with an InternalIP; records each one's time to its address."""
     found: dict[str, str] = {}
 
@@ -127,7 +185,13 @@ async def wait_for_addresses(bed: ManagerBed, started: float) -> dict[str, str]:
                 )
         return len(found) == len(ON)
 
-    await eventually(probe, within=BOOT, interval=1.0, what="both machines report an address")
+    await eventually(
+        probe,
+        within=BOOT,
+        interval=1.0,
+        what="both machines report an address",
+        explain=lambda: why_no_address(bed, lan),
+    )
     await bed.wait_converged(within=BOOT)
     return found
 
@@ -203,9 +267,11 @@ async def test_nodes_on_two_hosts_reach_each_other_and_the_endpoint(
                 spec=guest_spec(guest_image, host),
                 control_plane=name == "cp",
             )
-        ips = await wait_for_addresses(bed, started)
+        ips = await wait_for_addresses(bed, multihost_bed, started)
         assert_leased_on_the_lan(multihost_bed, ips)
         uuids = await placed_and_running(bed, multihost_bed)
+        for name, uuid in uuids.items():  # the addresses came through the agent
+            assert agent_channel_state(multihost_bed, ON[name], uuid) == "connected", name
 
         def console(name: str) -> LibvirtHost:
             bed_host = multihost_bed.host(ON[name])
