@@ -51,7 +51,9 @@ from capl.controllers.common import (
     paused,
     remove_finalizer,
 )
+from capl.controllers.machine.indexes import cluster_name_of_libvirt_cluster
 from capl.controllers.machine.plan import fault_point
+from capl.controllers.machine.watches import CLUSTER_CHANGES, LIBVIRT_CLUSTER_CHANGES
 from capl.controllers.migration_job import MigrationJob, Moving, succeeded_condition
 from capl.controllers.migration_plan import (
     Candidate,
@@ -67,10 +69,17 @@ from capl.runtime.conditions import get_condition
 from capl.runtime.controller import Controller, Result, Watch
 from capl.runtime.errors import ApiError
 from capl.runtime.events import WARNING
+from capl.runtime.handlers import Mapper
 from capl.runtime.manager import Manager
 from capl.runtime.objects import Obj, ObjectKey, copy_obj, meta, resource_version
 from capl.runtime.patch import ReadYourWrites, apply_patch
-from capl.runtime.resources import CLUSTER, LIBVIRT_MACHINE, LIBVIRT_MACHINE_MIGRATION, MACHINE
+from capl.runtime.resources import (
+    CLUSTER,
+    LIBVIRT_CLUSTER,
+    LIBVIRT_MACHINE,
+    LIBVIRT_MACHINE_MIGRATION,
+    MACHINE,
+)
 from capl.runtime.store import INDEX_CLUSTER, cluster_index_value
 
 __all__ = ["CONTROLLER_NAME", "INDEX_MACHINE", "MigrationOptions", "MigrationReconciler", "setup"]
@@ -124,7 +133,32 @@ class MigrationReconciler:
                 for m in cache.by_index(LIBVIRT_MACHINE_MIGRATION, INDEX_MACHINE, value)
             ]
 
-        return [Watch(LIBVIRT_MACHINE, machine_to_migrations)]
+        def cluster_to_migrations(name_of: Callable[[Obj], str | None]) -> Mapper:
+            def mapper(obj: Obj) -> Iterable[ObjectKey]:
+                namespace = str(meta(obj).get("namespace") or "")
+                name = name_of(obj)
+                if not name:
+                    return []
+                machines = cache.by_index(
+                    LIBVIRT_MACHINE, INDEX_CLUSTER, cluster_index_value(namespace, name)
+                )
+                return [key for m in machines for key in machine_to_migrations(m)]
+
+            return mapper
+
+        # the Cluster (pause) and the LibvirtCluster (hosts) are read from the cache: watching
+        # them also makes this controller wait for their informers before its first reconcile
+        return [
+            Watch(LIBVIRT_MACHINE, machine_to_migrations),
+            Watch(
+                CLUSTER, cluster_to_migrations(lambda o: meta(o).get("name")), (CLUSTER_CHANGES,)
+            ),
+            Watch(
+                LIBVIRT_CLUSTER,
+                cluster_to_migrations(cluster_name_of_libvirt_cluster),
+                (LIBVIRT_CLUSTER_CHANGES,),
+            ),
+        ]
 
     async def stop_jobs(self, stop: asyncio.Event) -> None:
         """A runnable: on shutdown (or lost leadership) the running jobs are cancelled, which
@@ -186,7 +220,10 @@ class MigrationReconciler:
         found = self._resolve(key, mig)
         if isinstance(found, str):
             if mig.status.phase in _ACTIVE:
-                log.warning("migration in flight lost its machine or cluster", why=found)
+                # in flight: the machine cannot be deleted before it ends (its deletion waits
+                # for migrationTarget to clear), so this is a cache that lags: look again
+                log.warning("a migration in flight misses its objects", why=found)
+                return Result(requeue_after=self.options.incoming_retry)
             return await self._finish_failed(key, c.Reason.MIGRATION_FAILED, found)
         lm, cluster, lcluster = found
         if paused(cluster, lm.metadata) or paused(cluster, mig.metadata):

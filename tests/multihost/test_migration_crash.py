@@ -115,7 +115,12 @@ async def test_a_killed_manager_and_a_lost_destination_leave_one_copy(
                     "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
                     "kind": "LibvirtMachineMigration",
                     "metadata": {"name": name, "namespace": bed.namespace},
-                    "spec": {"machineName": "worker", "targetHost": other(on)},
+                    "spec": {
+                        "machineName": "worker",
+                        "targetHost": other(on),
+                        # the job must last until its first progress report to be cut there
+                        **({"bandwidthMiBPerSecond": 8} if step == "migration-running" else {}),
+                    },
                 },
             )
             code = await exits(manager, within=180)
