@@ -56,12 +56,20 @@ from capl.controllers.machine.plan import fault_point
 from capl.controllers.machine.watches import CLUSTER_CHANGES, LIBVIRT_CLUSTER_CHANGES
 from capl.controllers.migration_job import MigrationJob, Moving, succeeded_condition
 from capl.controllers.migration_plan import (
-    Candidate,
     NoTarget,
     Recovery,
     choose_target,
     migration_address,
     recover,
+)
+from capl.controllers.migration_schedule import (
+    ACTIVE_PHASES,
+    INDEX_MACHINE,
+    candidates,
+    control_plane_hosts,
+    index_machine,
+    is_control_plane,
+    refusal,
 )
 from capl.ports.errors import VirtError
 from capl.ports.virt.migration import Migrations
@@ -78,7 +86,6 @@ from capl.runtime.resources import (
     LIBVIRT_CLUSTER,
     LIBVIRT_MACHINE,
     LIBVIRT_MACHINE_MIGRATION,
-    MACHINE,
 )
 from capl.runtime.store import INDEX_CLUSTER, cluster_index_value
 
@@ -87,9 +94,7 @@ __all__ = ["CONTROLLER_NAME", "INDEX_MACHINE", "MigrationOptions", "MigrationRec
 log = structlog.get_logger("capl.controllers.migration")
 
 CONTROLLER_NAME = "libvirtmachinemigration"
-INDEX_MACHINE = "migration-machine"
 DONE = Result()
-_ACTIVE = ("PreparingTarget", "Running", "Finalizing")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,11 +106,6 @@ class MigrationOptions:
     conflict_retry: float = 60.0
     cleanup_retry: float = 15.0
     """How soon to try again to clean a host that was unreachable when a migration ended."""
-
-
-def index_machine(obj: Obj) -> Iterable[str]:
-    name = (obj.get("spec") or {}).get("machineName")
-    return (f"{meta(obj).get('namespace') or ''}/{name}",) if name else ()
 
 
 class MigrationReconciler:
@@ -203,7 +203,7 @@ class MigrationReconciler:
             if deleting:
                 await self._drop_finalizer(raw)
             return DONE
-        if deleting and mig.status.phase not in _ACTIVE:
+        if deleting and mig.status.phase not in ACTIVE_PHASES:
             await self._drop_finalizer(raw)  # nothing was started
             return DONE
         if not deleting and c.MIGRATION_FINALIZER not in (meta(raw).get("finalizers") or []):
@@ -219,7 +219,7 @@ class MigrationReconciler:
     ) -> Result:
         found = self._resolve(key, mig)
         if isinstance(found, str):
-            if mig.status.phase in _ACTIVE:
+            if mig.status.phase in ACTIVE_PHASES:
                 # in flight: the machine cannot be deleted before it ends (its deletion waits
                 # for migrationTarget to clear), so this is a cache that lags: look again
                 log.warning("a migration in flight misses its objects", why=found)
@@ -228,7 +228,7 @@ class MigrationReconciler:
         lm, cluster, lcluster = found
         if paused(cluster, lm.metadata) or paused(cluster, mig.metadata):
             return DONE  # the Cluster's pause (e.g. clusterctl move): nothing moves
-        if mig.status.phase in _ACTIVE:
+        if mig.status.phase in ACTIVE_PHASES:
             return await self._resume(key, mig, lm, lcluster, deleting)
         return await self._schedule(key, mig, lm, lcluster)
 
@@ -263,16 +263,16 @@ class MigrationReconciler:
         lm: LibvirtMachine,
         lcluster: LibvirtCluster,
     ) -> Result:
-        problem = self._refusal(key, mig, lm)
+        problem = refusal(self.deps.cache, key, mig, lm)
         if problem is not None:
             return await self._finish_failed(key, c.Reason.MIGRATION_FAILED, problem)
         source = lm.spec.host_name or ""
         chosen = choose_target(
             source=source,
             requested=mig.spec.target_host,
-            candidates=self._candidates(lcluster, key.namespace, lm),
-            control_plane=self._control_plane(key.namespace, lm),
-            control_plane_hosts=self._control_plane_hosts(key.namespace, lm),
+            candidates=candidates(self.deps.cache, lcluster, key.namespace, lm),
+            control_plane=is_control_plane(self.deps.cache, key.namespace, lm),
+            control_plane_hosts=control_plane_hosts(self.deps.cache, key.namespace, lm),
         )
         if isinstance(chosen, NoTarget):
             return await self._finish_failed(key, c.Reason.NO_TARGET_HOST, chosen.message)
@@ -299,78 +299,6 @@ class MigrationReconciler:
         await self._machine_spec(key.namespace, lm, {"migrationTarget": chosen})
         fault_point("migration-scheduled")
         return Result(requeue_after=self.options.handshake_retry)
-
-    def _refusal(
-        self, key: ObjectKey, mig: LibvirtMachineMigration, lm: LibvirtMachine
-    ) -> str | None:
-        name = lm.metadata.name
-        if lm.metadata.deletion_timestamp is not None:
-            return f"LibvirtMachine {name} is being deleted"
-        if not lm.spec.domain_uuid or not lm.spec.host_name:
-            return f"LibvirtMachine {name} has no domain yet (nothing to migrate)"
-        if not (lm.status.initialization and lm.status.initialization.provisioned):
-            return f"LibvirtMachine {name} is not provisioned yet"
-        if lm.spec.migration_target:
-            return f"LibvirtMachine {name} is migrating already (to {lm.spec.migration_target})"
-        for other in self.deps.cache.by_index(
-            LIBVIRT_MACHINE_MIGRATION, INDEX_MACHINE, f"{key.namespace}/{name}"
-        ):
-            phase = (other.get("status") or {}).get("phase")
-            other_key = ObjectKey(key.namespace, str(meta(other)["name"]))
-            if other_key == key or phase in TERMINAL_PHASES:
-                continue
-            if phase in _ACTIVE or _older(other, mig):
-                return f"another migration of {name} is not finished: {other_key.name}"
-        return None
-
-    def _machines(self, namespace: str, lm: LibvirtMachine) -> list[Obj]:
-        cluster = lm.metadata.label(c.CLUSTER_NAME_LABEL) or ""
-        return list(
-            self.deps.cache.by_index(
-                LIBVIRT_MACHINE, INDEX_CLUSTER, cluster_index_value(namespace, cluster)
-            )
-        )
-
-    def _candidates(
-        self, lcluster: LibvirtCluster, namespace: str, lm: LibvirtMachine
-    ) -> list[Candidate]:
-        reachable = {h.name: h.reachable for h in lcluster.status.hosts or []}
-        counts: dict[str, int] = {}
-        for other in self._machines(namespace, lm):
-            host = (other.get("spec") or {}).get("hostName")
-            if host:
-                counts[host] = counts.get(host, 0) + 1
-        return [
-            Candidate(
-                name=h.name,
-                reachable=reachable.get(h.name) is not False,
-                in_maintenance=h.maintenance is not None,
-                control_plane_allowed=h.control_plane,
-                machines=counts.get(h.name, 0),
-            )
-            for h in lcluster.spec.hosts
-        ]
-
-    def _control_plane(self, namespace: str, lm: LibvirtMachine) -> bool:
-        if c.CONTROL_PLANE_LABEL in (lm.metadata.labels or {}):
-            return True
-        for ref in lm.metadata.owner_references or []:
-            if ref.kind == "Machine":
-                raw = self.deps.cache.get(MACHINE, ObjectKey(namespace, ref.name))
-                if raw is not None and c.CONTROL_PLANE_LABEL in (meta(raw).get("labels") or {}):
-                    return True
-        return False
-
-    def _control_plane_hosts(self, namespace: str, lm: LibvirtMachine) -> set[str]:
-        hosts: set[str] = set()
-        for other in self._machines(namespace, lm):
-            if meta(other).get("name") == lm.metadata.name:
-                continue
-            if c.CONTROL_PLANE_LABEL not in (meta(other).get("labels") or {}):
-                continue
-            spec = other.get("spec") or {}
-            hosts.update(h for h in (spec.get("hostName"), spec.get("migrationTarget")) if h)
-        return hosts
 
     # -- in flight ---------------------------------------------------------------------------
 
@@ -557,13 +485,6 @@ class MigrationReconciler:
         if raw is not None:
             self.deps.recorder.event(raw, WARNING, reason, message[:1024])
         return DONE
-
-
-def _older(a: Obj, b: LibvirtMachineMigration) -> bool:
-    created_a = str(meta(a).get("creationTimestamp") or "")
-    created_b = b.metadata.creation_timestamp
-    stamp_b = created_b.strftime("%Y-%m-%dT%H:%M:%SZ") if created_b else ""
-    return (created_a, str(meta(a).get("name"))) < (stamp_b, b.metadata.name or "")
 
 
 def _acknowledged(lm: LibvirtMachine) -> bool:

@@ -183,7 +183,9 @@ async def test_a_killed_manager_and_a_lost_destination_leave_one_copy(
                 within=240,
                 what="the migration failed",
             )
-            assert failed["status"]["conditions"][0]["reason"] == "MigrationAborted", failed
+            status = failed["status"]
+            assert status["conditions"][0]["reason"] == "MigrationAborted", status["message"]
+            assert "DestinationLost" in status["message"], status["message"]
             assert worker.where()[on] is True
         finally:
             await set_link(link, "up")
