@@ -7,13 +7,15 @@
 - ``default_namespace``: the namespace of the kubeconfig context in use (kubectl's default);
 - ``api_failure``: a failed API request as a one-line ``CliError`` with the exit code that
   says what happened (unreachable 4, not found 3, forbidden or anything else 1);
-- ``list_kind``: every object of a kind, or None when its CRD is not installed.
+- ``list_kind``: every object of a kind, or None when its CRD is not installed;
+- ``add_scope_flags`` / ``scope_namespace``: ``-n NS | -A`` and the namespace they mean;
+- ``align_columns`` and ``dash``: the plain (kubectl-style) tables of every command.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from capl.errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_UNREACHABLE, CliError
@@ -25,11 +27,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "add_api_flags",
+    "add_scope_flags",
+    "align_columns",
     "api_failure",
     "connect",
+    "dash",
     "default_namespace",
     "formatter",
     "list_kind",
+    "scope_namespace",
 ]
 
 _IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -50,6 +56,39 @@ def add_api_flags(p: argparse.ArgumentParser) -> None:
         help="kubeconfig file (default: $KUBECONFIG, in-cluster, then ~/.kube/config)",
     )
     p.add_argument("--context", default=None, help="kubeconfig context (default: the current)")
+
+
+def add_scope_flags(p: argparse.ArgumentParser, *, all_help: str = "every namespace") -> None:
+    """``-n NS`` or ``-A`` (mutually exclusive), read back by ``scope_namespace``."""
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", default=None, help="namespace (default: context's)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help=all_help)
+
+
+def scope_namespace(args: argparse.Namespace) -> str | None:
+    """The namespace ``-n``/``-A`` mean (None: all), else the kubeconfig context's."""
+    if getattr(args, "all_namespaces", False):
+        return None
+    namespace: str = args.namespace or default_namespace(args.kubeconfig, context=args.context)
+    return namespace
+
+
+# --- plain tables --------------------------------------------------------------------------------
+
+
+def dash(value: object) -> str:
+    """A table cell: "-" for None and ""."""
+    return "-" if value is None or value == "" else str(value)
+
+
+def align_columns(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+    """Lines of left-aligned columns three spaces apart, trailing blanks stripped."""
+    table = [header, *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return [
+        "   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in table
+    ]
 
 
 # --- API access ----------------------------------------------------------------------------------
