@@ -2,6 +2,7 @@
 
 - ``formatter`` and ``add_api_flags``: every command's help keeps its line breaks, and every
   command that talks to the API server has ``--kubeconfig`` and ``--context``;
+  ``parse_duration`` / ``positive_duration``: Go-style durations ("90s", "10m", "1h30m");
 - ``connect``: a ``capl.kube.KubeClient`` from the kubeconfig, resolved as client-go does it
   (``$KUBECONFIG``, in-cluster, then ``~/.kube/config``); no usable configuration is exit 4;
 - ``default_namespace``: the namespace of the kubeconfig context in use (kubectl's default);
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +37,8 @@ __all__ = [
     "default_namespace",
     "formatter",
     "list_kind",
+    "parse_duration",
+    "positive_duration",
     "scope_namespace",
 ]
 
@@ -89,6 +93,38 @@ def align_columns(header: list[str], rows: Iterable[list[str]]) -> list[str]:
         "   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in table
     ]
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a Go-style duration ("90s", "10m", "1h30m", "250ms") or plain seconds."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    for match in _DURATION.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * scale[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (examples: 30s, 10m, 1h30m)")
+    return total
+
+
+def positive_duration(text: str) -> float:
+    """An argparse type: a duration above zero."""
+    value = parse_duration(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive duration (e.g. 30s, 10m), got {text!r}"
+        )
+    return value
 
 
 # --- API access ----------------------------------------------------------------------------------
