@@ -7,7 +7,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["dig", "obj_label", "obj_meta", "obj_name", "obj_ns", "obj_owner", "text"]
+__all__ = [
+    "CLUSTER_NAME_LABEL",
+    "CONTROL_PLANE_LABEL",
+    "dig",
+    "has_label",
+    "obj_label",
+    "obj_meta",
+    "obj_name",
+    "obj_ns",
+    "obj_owner",
+    "text",
+]
+
+# The Cluster API labels of capl.api.constants, here without importing the API models.
+CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
+CONTROL_PLANE_LABEL = "cluster.x-k8s.io/control-plane"
 
 
 def obj_meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -45,6 +60,12 @@ def obj_label(obj: Mapping[str, Any], key: str) -> str | None:
     labels = obj_meta(obj).get("labels")
     value = labels.get(key) if isinstance(labels, Mapping) else None
     return str(value) if value else None
+
+
+def has_label(obj: Mapping[str, Any] | None, key: str) -> bool:
+    """Whether the object carries the label, whatever its value (also "")."""
+    labels = obj_meta(obj).get("labels") if obj is not None else None
+    return isinstance(labels, Mapping) and key in labels
 
 
 def text(value: Any) -> str | None:

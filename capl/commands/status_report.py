@@ -28,7 +28,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from capl.commands.raw import dig, obj_label, obj_meta, obj_name, obj_ns, obj_owner, text
+from capl.commands.raw import (
+    CLUSTER_NAME_LABEL,
+    dig,
+    obj_label,
+    obj_meta,
+    obj_name,
+    obj_ns,
+    obj_owner,
+    text,
+)
 from capl.commands.shared import list_kind
 
 if TYPE_CHECKING:
@@ -47,7 +56,6 @@ __all__ = [
     "machine_pairs",
 ]
 
-CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
 NEGATIVE_POLARITY = frozenset(
     {"Paused", "Deleting", "RollingOut", "ScalingUp", "ScalingDown", "Remediating"}
 )
