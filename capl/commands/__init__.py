@@ -1,10 +1,15 @@
-"""The operator subcommands of `capl` (status, console, demo, images); `capl.cli` mounts them.
+"""The operator subcommands of `capl` (status, console, demo, images, hosts, maintenance,
+migrate); `capl.cli` mounts them.
 
-Each command (``demo``, a package, and ``status``, ``console``, ``images``) exposes
+Each command (``demo``, a package, and ``status``, ``console``, ``images``, ``hosts``,
+``maintenance``, ``migrate``) exposes
 `register(subparsers)`; `REGISTRARS` lists them in help order. What they share:
 ``shared`` (argparse look, API flags, ``connect``, the default namespace, API errors as exit
 codes), ``status_report`` (the join of `capl status`, also the demo's live view) and
-``target`` (a machine's domain and how to reach its host, for `console` and `images`).
+``target`` (a machine's domain and how to reach its host, for `console` and `images`; a
+machine's LibvirtCluster, for `migrate`), ``hosts_report`` (the join of `capl hosts`),
+``follow`` (list+watch until a condition holds: the ``--wait`` of `maintenance` and
+`migrate`) and ``raw`` (readers of raw objects).
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from capl.commands import console, demo, images, status
+from capl.commands import console, demo, hosts, images, maintenance, status
 
 REGISTRARS: list[Callable[[Any], None]] = [
     demo.register,
     status.register,
     console.register,
     images.register,
+    hosts.register,
+    maintenance.register,
 ]
