@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from capl.commands import console, demo, hosts, images, maintenance, status
+from capl.commands import console, demo, hosts, images, maintenance, migrate, status
 
 REGISTRARS: list[Callable[[Any], None]] = [
     demo.register,
@@ -26,4 +26,5 @@ REGISTRARS: list[Callable[[Any], None]] = [
     images.register,
     hosts.register,
     maintenance.register,
+    migrate.register,
 ]
