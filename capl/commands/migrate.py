@@ -6,8 +6,9 @@ MACHINE is a LibvirtMachine, or a Cluster API Machine whose ``infrastructureRef`
 Before anything is created the command refuses, naming the cause (exit 3 for what does not
 exist, 1 otherwise), when:
 
-- the machine does not exist (3), is being deleted, has no host yet, or is migrating already
-  (``spec.migrationTarget`` is set);
+- the machine does not exist (3), is being deleted, has no domain yet (``spec.hostName``,
+  ``spec.domainUUID``), is not provisioned yet, or is migrating already
+  (``spec.migrationTarget`` is set) - what the migration controller would refuse too;
 - its LibvirtCluster cannot be found (3);
 - ``--to`` names no host of that cluster (3), the host the machine is on, a host in
   maintenance, or a host with ``controlPlane: false`` for a control-plane machine; without
@@ -194,11 +195,16 @@ async def _plan(client: KubeClient, namespace: str, name: str, *, to: str | None
     machine = obj_name(lm)
     if obj_meta(lm).get("deletionTimestamp"):
         raise CliError(f"LibvirtMachine {namespace}/{machine} is being deleted")
-    source = text(dig(lm, "spec", "hostName")) or text(dig(lm, "status", "host"))
-    if source is None:
+    source = text(dig(lm, "spec", "hostName"))
+    if source is None or not dig(lm, "spec", "domainUUID"):
         raise CliError(
-            f"LibvirtMachine {namespace}/{machine} has no host yet (spec.hostName is set once "
-            "it is placed): there is nothing to migrate"
+            f"LibvirtMachine {namespace}/{machine} has no domain yet (spec.domainUUID and "
+            "spec.hostName are set once the domain is defined): there is nothing to migrate"
+        )
+    if dig(lm, "status", "initialization", "provisioned") is not True:
+        raise CliError(
+            f"LibvirtMachine {namespace}/{machine} is not provisioned yet "
+            "(status.initialization.provisioned): migrate it once it runs"
         )
     moving = text(dig(lm, "spec", "migrationTarget"))
     if moving is not None:

@@ -8,14 +8,16 @@ The fleet (namespace of the test):
   name the namespace, so that `-A` does not merge the hosts of other tests' fleets;
   reachable, libvirt 10.0.0) and ``kvm2`` (unreachable, ``controlPlane: false``);
 - LibvirtCluster ``beta``: the same ``kvm1`` (same name and URI) and ``kvm3`` (no status);
-- machines: ``alpha-cp-0`` (control plane) and ``alpha-w-0`` on kvm1, ``alpha-w-0``
-  migrating to kvm2, ``alpha-w-1`` on kvm2; ``beta-w-0`` on kvm1, ``beta-w-1`` on kvm3.
+- machines (provisioned, with a domain): ``alpha-cp-0`` (control plane) and ``alpha-w-0`` on
+  kvm1, ``alpha-w-0`` migrating to kvm2, ``alpha-w-1`` on kvm2; ``beta-w-0`` on kvm1,
+  ``beta-w-1`` on kvm3; and ``beta-w-2``, with only ``status.host`` kvm3 (no domain yet).
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +127,9 @@ def libvirt_machine(
     if control_plane:
         labels["cluster.x-k8s.io/control-plane"] = ""
     body_spec: dict[str, Any] = {"image": {"volume": "base.qcow2"}, **spec}
-    if host is not None:
-        body_spec["hostName"] = host
+    if host is not None:  # placed, and its domain defined
+        domain = str(uuid.uuid4())
+        body_spec |= {"hostName": host, "domainUUID": domain, "providerID": f"libvirt:///{domain}"}
     return {
         "apiVersion": API_VERSION,
         "kind": "LibvirtMachine",
@@ -165,15 +168,14 @@ async def create_fleet(kube: KubeClient, namespace: str) -> None:
         },
     )
     machines = [
-        (libvirt_machine("alpha-cp-0", namespace, "alpha", host=None, control_plane=True), "kvm1"),
-        (
-            libvirt_machine("alpha-w-0", namespace, "alpha", host="kvm1", migrationTarget="kvm2"),
-            None,
-        ),
-        (libvirt_machine("alpha-w-1", namespace, "alpha", host="kvm2"), None),
-        (libvirt_machine("beta-w-0", namespace, "beta", host="kvm1"), None),
-        (libvirt_machine("beta-w-1", namespace, "beta", host="kvm3"), None),
+        libvirt_machine("alpha-cp-0", namespace, "alpha", host="kvm1", control_plane=True),
+        libvirt_machine("alpha-w-0", namespace, "alpha", host="kvm1", migrationTarget="kvm2"),
+        libvirt_machine("alpha-w-1", namespace, "alpha", host="kvm2"),
+        libvirt_machine("beta-w-0", namespace, "beta", host="kvm1"),
+        libvirt_machine("beta-w-1", namespace, "beta", host="kvm3"),
     ]
-    for body, status_host in machines:
-        status = {"host": status_host} if status_host else None
+    for body in machines:
+        status = {"host": body["spec"]["hostName"], "initialization": {"provisioned": True}}
         await create(kube, LIBVIRT_MACHINE, body, status)
+    unplaced = libvirt_machine("beta-w-2", namespace, "beta", host=None)
+    await create(kube, LIBVIRT_MACHINE, unplaced, {"host": "kvm3"})

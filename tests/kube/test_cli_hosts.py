@@ -84,12 +84,13 @@ async def test_hosts_one_row_per_host_with_machines_and_migrations(
     ]
     table = rows(out)
     kvm1_uri, kvm2_uri, kvm3_uri = (uri(h, fleet) for h in ("kvm1", "kvm2", "kvm3"))
-    # kvm1 is one host of both clusters: alpha-cp-0 (status.host), alpha-w-0, beta-w-0
+    # kvm1 is one host of both clusters: alpha-cp-0, alpha-w-0, beta-w-0; kvm3 has
+    # beta-w-1 and beta-w-2 (status.host only)
     assert table["kvm1"] == [
         "kvm1", kvm1_uri, "True", "10.0.0", "-", "3", "1", "0", "1", "alpha,beta"
     ]  # fmt: skip
     assert table["kvm2"] == ["kvm2", kvm2_uri, "False", "-", "-", "1", "0", "1", "0", "alpha"]
-    assert table["kvm3"] == ["kvm3", kvm3_uri, "-", "-", "-", "1", "0", "0", "0", "beta"]
+    assert table["kvm3"] == ["kvm3", kvm3_uri, "-", "-", "-", "2", "0", "0", "0", "beta"]
     assert "HOSTS IN MAINTENANCE" not in out
 
     code, out, err = await capl("hosts", "beta", "-n", fleet, "--kubeconfig", str(kubeconfig))

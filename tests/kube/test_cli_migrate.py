@@ -93,11 +93,11 @@ async def test_migrate_creates_a_migration_and_refuses_a_second_one(
     assert "bandwidthMiBPerSecond" not in latest["spec"]
 
 
-async def test_migrate_finds_the_machine_through_its_status_host(
+async def test_migrate_without_target_needs_another_host_that_fits(
     kube: KubeClient, fleet: str, kubeconfig: Path
 ) -> None:
-    """alpha-cp-0 has no spec.hostName, only status.host kvm1; it is a control-plane machine,
-    and alpha's only other host (kvm2) takes none."""
+    """alpha-cp-0 is a control-plane machine on kvm1, and alpha's only other host (kvm2) takes
+    none: capl could choose no target."""
     code, _, err = await capl("migrate", "alpha-cp-0", "-n", fleet, "--kubeconfig", str(kubeconfig))
     assert code == 1
     assert err.strip() == (
@@ -142,7 +142,8 @@ async def test_migrate_finds_the_machine_through_its_status_host(
             1,
             "cannot migrate beta-w-1 to kvm1: host kvm1 is in maintenance (kernel update)",
         ),
-        (["unplaced"], 1, "LibvirtMachine {ns}/unplaced has no host yet"),
+        (["beta-w-2"], 1, "LibvirtMachine {ns}/beta-w-2 has no domain yet"),
+        (["booting"], 1, "LibvirtMachine {ns}/booting is not provisioned yet"),
         (["alpha-w-1", "--bandwidth", "0"], 2, "invalid bandwidth 0: Input should be greater"),
         (["--cancel", "x", "--to", "kvm1"], 2, "--cancel takes no --to or --bandwidth"),
     ],
@@ -159,9 +160,8 @@ async def test_migrate_refuses_bad_input_and_creates_nothing(
     hosts = beta["spec"]["hosts"]
     hosts[0]["maintenance"] = {"reason": "kernel update"}
     await kube.resource(LIBVIRT_CLUSTER).patch(ObjectKey(fleet, "beta"), {"spec": {"hosts": hosts}})
-    await create(
-        kube, LIBVIRT_MACHINE, libvirt_machine("unplaced", fleet, "alpha", host=None), None
-    )
+    booting = libvirt_machine("booting", fleet, "alpha", host="kvm1")
+    await create(kube, LIBVIRT_MACHINE, booting, {"host": "kvm1"})
     got, out, err = await capl("migrate", *args, "-n", fleet, "--kubeconfig", str(kubeconfig))
     assert got == code, err
     assert out == ""
