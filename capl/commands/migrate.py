@@ -11,8 +11,9 @@ exist, 1 otherwise), when:
   (``spec.migrationTarget`` is set) - what the migration controller would refuse too;
 - its LibvirtCluster cannot be found (3);
 - ``--to`` names no host of that cluster (3), the host the machine is on, a host in
-  maintenance, or a host with ``controlPlane: false`` for a control-plane machine; without
-  ``--to``, when no other host of the cluster could take it on those grounds;
+  maintenance, a host with ``controlPlane: false`` for a control-plane machine, or one the
+  LibvirtCluster reports unreachable; without ``--to``, when no other host of the cluster
+  could take it on those grounds;
 - an unfinished LibvirtMachineMigration of the machine exists (not Succeeded or Failed,
   including one being deleted, which is being aborted).
 
@@ -231,8 +232,12 @@ async def _is_control_plane(client: KubeClient, lm: Obj) -> bool:
     return has_label(machine, CONTROL_PLANE_LABEL)
 
 
-def _unfit(host: Mapping[str, Any], *, control_plane: bool) -> str | None:
-    """Why a host of the cluster cannot take the machine, None when it can."""
+def _unfit(
+    host: Mapping[str, Any], status: Mapping[str, Any] | None, *, control_plane: bool
+) -> str | None:
+    """Why a host of the cluster cannot take the machine, None when it can (the migration
+    controller's reasons that the LibvirtCluster shows; not whether the host runs another
+    control-plane machine of the cluster, which the controller checks)."""
     name = host.get("name")
     maintenance = host.get("maintenance")
     if isinstance(maintenance, Mapping):
@@ -240,6 +245,9 @@ def _unfit(host: Mapping[str, Any], *, control_plane: bool) -> str | None:
         return f"host {name} is in maintenance" + (f" ({reason})" if reason else "")
     if control_plane and host.get("controlPlane") is False:
         return f"host {name} takes no control-plane machines (controlPlane: false)"
+    if dig(status, "reachable") is False:
+        why = text(dig(status, "message"))
+        return f"host {name} is unreachable" + (f" ({why})" if why else "")
     return None
 
 
@@ -250,6 +258,13 @@ def _check_target(
     where = f"LibvirtCluster {lc['metadata']['namespace']}/{obj_name(lc)}"
     hosts = [h for h in dig(lc, "spec", "hosts") or () if isinstance(h, Mapping)]
     names = [str(h.get("name")) for h in hosts]
+    statuses = {
+        h.get("name"): h for h in dig(lc, "status", "hosts") or () if isinstance(h, Mapping)
+    }
+
+    def unfit(host: Mapping[str, Any]) -> str | None:
+        return _unfit(host, statuses.get(host.get("name")), control_plane=control_plane)
+
     if to is not None:
         if to not in names:
             raise CliError(
@@ -261,12 +276,12 @@ def _check_target(
                 f"LibvirtMachine {machine} runs on {source} already: --to must name another "
                 f"host of {where}"
             )
-        why = _unfit(hosts[names.index(to)], control_plane=control_plane)
+        why = unfit(hosts[names.index(to)])
         if why is not None:
             raise CliError(f"cannot migrate {machine} to {to}: {why}")
         return
     others = [h for h in hosts if h.get("name") != source]
-    reasons = [r for r in (_unfit(h, control_plane=control_plane) for h in others) if r]
+    reasons = [r for r in (unfit(h) for h in others) if r]
     if len(reasons) == len(others):
         detail = "; ".join(reasons) if reasons else f"it is the only host of {where}"
         raise CliError(f"no other host can take {machine} (it runs on {source}): {detail}")

@@ -142,6 +142,11 @@ async def test_migrate_without_target_needs_another_host_that_fits(
             1,
             "cannot migrate beta-w-1 to kvm1: host kvm1 is in maintenance (kernel update)",
         ),
+        (
+            ["beta-w-0", "--to", "kvm3"],
+            1,
+            "cannot migrate beta-w-0 to kvm3: host kvm3 is unreachable (no route to host)",
+        ),
         (["beta-w-2"], 1, "LibvirtMachine {ns}/beta-w-2 has no domain yet"),
         (["booting"], 1, "LibvirtMachine {ns}/booting is not provisioned yet"),
         (["alpha-w-1", "--bandwidth", "0"], 2, "invalid bandwidth 0: Input should be greater"),
@@ -160,6 +165,10 @@ async def test_migrate_refuses_bad_input_and_creates_nothing(
     hosts = beta["spec"]["hosts"]
     hosts[0]["maintenance"] = {"reason": "kernel update"}
     await kube.resource(LIBVIRT_CLUSTER).patch(ObjectKey(fleet, "beta"), {"spec": {"hosts": hosts}})
+    kvm3 = {"name": "kvm3", "reachable": False, "message": "no route to host"}
+    await kube.resource(LIBVIRT_CLUSTER).patch_status(
+        ObjectKey(fleet, "beta"), {"status": {"hosts": [*beta["status"]["hosts"], kvm3]}}
+    )
     booting = libvirt_machine("booting", fleet, "alpha", host="kvm1")
     await create(kube, LIBVIRT_MACHINE, booting, {"host": "kvm1"})
     got, out, err = await capl("migrate", *args, "-n", fleet, "--kubeconfig", str(kubeconfig))
