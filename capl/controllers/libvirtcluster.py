@@ -271,6 +271,7 @@ class LibvirtClusterReconciler:
                 pool=pool,
                 api=api,
                 forget_api_domain=forget_api_domain,
+                cordoned=host.maintenance is not None,
             )
             plans.append((plan, self._connector(namespace, host)))
         return plans
