@@ -31,7 +31,6 @@ message and retried with the controller's backoff; the rest of the reconcile goe
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -289,10 +288,12 @@ class Maintenance:
                         f"{name} for machine {machine}",
                     )
                 case DeleteMigration(name, uid, why):
-                    await _delete(client.resource(LIBVIRT_MACHINE_MIGRATION), namespace, name, uid)
-                    log.info("evacuation migration deleted", migration=name, why=why)
+                    resource = client.resource(LIBVIRT_MACHINE_MIGRATION)
+                    if await _delete(resource, namespace, name, uid):
+                        log.info("evacuation migration deleted", migration=name, why=why)
                 case DeleteMachine(name, uid, libvirt_machine, host):
-                    await _delete(client.resource(MACHINE), namespace, name, uid)
+                    if not await _delete(client.resource(MACHINE), namespace, name, uid):
+                        return
                     log.info("Machine deleted for maintenance", machine=name, host=host)
                     recorder.event(
                         obj,
@@ -386,11 +387,14 @@ def _migration(current: LibvirtCluster, cluster: str, *, name: str, machine: str
     }
 
 
-async def _delete(client: ResourceClient, namespace: str, name: str, uid: str | None) -> None:
-    """Delete with a UID precondition; gone already, or another object of that name now
-    (409), is not an error."""
-    with contextlib.suppress(NotFound, Conflict):
+async def _delete(client: ResourceClient, namespace: str, name: str, uid: str | None) -> bool:
+    """Delete with a UID precondition; False when it was gone already, or another object
+    has the name now (409) — a cache behind our own earlier delete, not an error."""
+    try:
         await client.delete(ObjectKey(namespace, name), uid=uid or None)
+    except (NotFound, Conflict):
+        return False
+    return True
 
 
 def _describe(action: Action) -> str:
