@@ -3,9 +3,10 @@ through capl (a LibvirtMachineMigration) against the same move done by hand with
 
 Needs root and the multi-host bed (`capl.testbed.multihost`, ``make multihost-bed``): kvm1 and
 kvm2 over ``qemu+tls://``, each with its own storage (the disks are copied), on one LAN.
-With --start-bed a bed is started when none runs healthy, and stopped at the end only if
-this run started it (and no other session's domain runs on it by then). The bed is shared:
-wrap the run in ``flock /tmp/capl-multihost.lock`` (hack/bench.sh does). Also needs
+With --start-bed a bed is started when there is none, and stopped at the end only if this
+run started it and no one else uses it by then (bench/migration_bed.py: how the bed is shared
+with other sessions; an unhealthy bed someone uses is waited for, never repaired). Wrap the
+run in ``flock /tmp/capl-multihost.lock`` (hack/bench.sh does). Also needs
 $KUBEBUILDER_ASSETS, $CAPL_CAPI_DIR and $CAPL_GUEST_IMAGE.
 
 Set-up (untimed): a control plane of its own, a `capl manager` process (all controllers,
@@ -64,9 +65,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import libvirt
-
 from bench.common import cpu_seconds_of, note, write_result
+from bench.migration_bed import SharedBed
 from bench.migration_capl import HOSTS, CaplSide
 from bench.migration_virsh import VirshFloor, virsh
 from capl.api.machine import LibvirtMachineSpec
@@ -74,10 +74,10 @@ from capl.controllers.machine.plan import image_plan
 from capl.kube import KubeClient
 from capl.runtime.logging import configure_logging
 from capl.runtime.resources import NAMESPACE
-from capl.testbed import AssetsMissing, ControlPlane, ManagedProcess, find_assets, multihost
+from capl.testbed import AssetsMissing, ControlPlane, ManagedProcess, find_assets
 from capl.testbed.capibuild import CapiMissing
 from capl.testbed.caplmanager import CaplManager
-from capl.testbed.multihost import BedError, MultihostBed
+from capl.testbed.multihost import MultihostBed
 from capl.testing.crds import CRD_DIR, capi_crd_dir, write_reduced_crds
 from capl.virt import LibvirtHosts
 
@@ -129,19 +129,6 @@ def _check_parts() -> Path:
     if not image.is_file():
         raise SystemExit("bench: set CAPL_GUEST_IMAGE to the test guest image (make guest-image)")
     return image
-
-
-def _domains_on(bed: MultihostBed) -> list[str]:
-    """Domains on the bed's hosts (another session's, once ours are gone)."""
-    found = []
-    for host in bed.hosts:
-        with contextlib.suppress(libvirt.libvirtError):
-            conn = libvirt.open(host.local_uri)
-            try:
-                found += [f"{host.name}: {d.name()}" for d in conn.listAllDomains(0)]
-            finally:
-                conn.close()
-    return found
 
 
 async def _hypervisor(bed: MultihostBed) -> dict[str, str]:
@@ -370,9 +357,13 @@ async def main(argv: list[str]) -> int:
     parser.add_argument("--reps", type=int, default=8, help="moves per side, back and forth")
     parser.add_argument(
         "--start-bed", action="store_true",
-        help="start the multi-host bed if none runs healthy (and stop it at the end then)",
+        help="start a multi-host bed when there is none (and stop it at the end then)",
     )  # fmt: skip
     parser.add_argument("--boot-within", type=float, default=240.0)
+    parser.add_argument(
+        "--bed-within", type=float, default=120.0,
+        help="seconds to wait while another session uses an unhealthy bed",
+    )  # fmt: skip
     parser.add_argument("--settle", type=float, default=2.0, help="pause after each move (s)")
     parser.add_argument("--log-level", default="info", help="the manager's log level")
     parser.add_argument(
@@ -381,34 +372,16 @@ async def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     configure_logging(level="warning", format="console")
     image = _check_parts()
-    started = False
     t0 = time.perf_counter()
-    try:
-        if args.start_bed:
-            bed, started = multihost.start(say=note)
-        else:
-            found, problems = multihost.status()
-            if found is None or problems:
-                raise SystemExit(
-                    "bench: no healthy multi-host bed ("
-                    + ("; ".join(problems) or "none running")
-                    + "): `make multihost-bed`, or pass --start-bed"
-                )
-            bed = found
-    except BedError as exc:
-        raise SystemExit(f"bench: the multi-host bed did not start: {exc}") from None
+    shared = SharedBed(say=note)
+    bed = await shared.acquire(start=args.start_bed, within=args.bed_within)
     bed_s = time.perf_counter() - t0
     try:
         run = await measure(bed, image, args)
     finally:
-        if started:
-            others = await asyncio.to_thread(_domains_on, bed)
-            if others:
-                note(f"leaving the bed this run started running: it has other domains {others}")
-            else:
-                multihost.stop(say=note)
+        await shared.release()
     body = summarize(run) | {
-        "bed": {"started_by_this_run": started, "start_s": round(bed_s, 2)},
+        "bed": {"started_by_this_run": shared.started, "start_s": round(bed_s, 2)},
         **{k: v for k, v in run.items() if k != "reps"},
         "per_rep": run["reps"],
     }

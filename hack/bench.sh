@@ -12,7 +12,8 @@
 #
 # The migration benchmark runs on the multi-host bed (one per machine, shared with whoever
 # runs tests/multihost): under `flock /tmp/capl-multihost.lock`, as every user of the bed
-# does; it starts a bed when none runs healthy and stops it afterwards only if it started it.
+# does; it starts a bed when there is none and stops it afterwards only if it started it and
+# no one else uses it (bench/migration_bed.py: the locks beside the bed's state directory).
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=hack/lib.sh
 . "$HERE/lib.sh"
