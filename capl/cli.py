@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from capl import __version__
+from capl.commands.shared import parse_duration, positive_duration
 from capl.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -34,27 +34,6 @@ from capl.errors import (
     CliError,
 )
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from a Go-style duration ("90s", "10m", "1h30m", "250ms") or plain seconds."""
-    text = text.strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    pos, total = 0, 0.0
-    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    for match in _DURATION.finditer(text):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * scale[match.group(2)]
-        pos = match.end()
-    if pos != len(text) or not text:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (examples: 30s, 10m, 1h30m)")
-    return total
-
 
 def _positive_int(text: str) -> int:
     try:
@@ -63,15 +42,6 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_duration(text: str) -> float:
-    value = parse_duration(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(
-            f"must be a positive duration (e.g. 30s, 10m), got {text!r}"
-        )
     return value
 
 
@@ -171,7 +141,7 @@ def _add_timeouts(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--bootstrap-timeout",
-        type=_positive_duration,
+        type=positive_duration,
         default=1200.0,
         help="report BootstrapTimedOut (with the console tail) when a guest agent does not "
         "show the bootstrap success file this long after the domain started (20m)",
@@ -188,13 +158,13 @@ def _add_libvirt_calls(p: argparse.ArgumentParser) -> None:
     lv = p.add_argument_group("libvirt calls (per host)")
     lv.add_argument(
         "--libvirt-call-timeout",
-        type=_positive_duration,
+        type=positive_duration,
         default=30.0,
         help="time limit of one libvirt call (30s)",
     )
     lv.add_argument(
         "--libvirt-long-call-timeout",
-        type=_positive_duration,
+        type=positive_duration,
         default=1800.0,
         help="time limit of an image import or upload (30m)",
     )

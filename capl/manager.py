@@ -18,7 +18,7 @@ from pathlib import Path
 import structlog
 
 from capl.api.cluster import LibvirtCluster
-from capl.controllers import libvirtcluster
+from capl.controllers import libvirtcluster, migration
 from capl.controllers import machine as libvirtmachine
 from capl.controllers.common import Deps, parse
 from capl.controllers.machine.bootstrap import BootstrapOptions
@@ -32,6 +32,7 @@ from capl.runtime.manager import LeadershipLost, Manager, ManagerOptions
 from capl.runtime.resources import LIBVIRT_CLUSTER
 from capl.virt.connection import CALL_TIMEOUT, LONG_CALL_TIMEOUT
 from capl.virt.hosts import LibvirtHosts
+from capl.virt.migration import LibvirtMigrations
 from capl.webhooks.server import CERT_NAME, KEY_NAME, WebhookServer, create_app
 
 log = structlog.get_logger("capl.manager")
@@ -122,6 +123,7 @@ def build(options: ProviderOptions, client: KubeClient) -> Built:
     )
     libvirtcluster.setup(manager, deps, options=options.cluster)
     libvirtmachine.setup(manager, deps, options=options.machine)
+    migration.setup(manager, deps, migrations=LibvirtMigrations())
     if options.webhook_port:
         _check_webhook_certs(options.webhook_cert_dir)
         manager.cache_before_leader(LIBVIRT_CLUSTER)

@@ -7,7 +7,8 @@ renders config/crd/bases from them). Layout:
 - `constants`  group/version, finalizers, Cluster API labels/annotations, condition types
 - `base`       `K8sModel` (camelCase wire form, unknown fields ignored), constrained types
 - `meta`       ObjectMeta, Condition, APIEndpoint, MachineAddress, FailureDomain
-- `cluster`, `machine`, `templates`   the four kinds and their list kinds
+- `cluster`, `machine`, `templates`   the four Cluster API kinds and their list kinds
+- `migration`  LibvirtMachineMigration (a live migration request)
 - `capi`       read views of Cluster API Cluster and Machine (v1beta2)
 - `kinds`      registry: model, plural, short names, printer columns per kind
 - `defaults`   defaults derived from other fields (webhook and controllers)
@@ -27,6 +28,8 @@ from capl.api.capi import (
 )
 from capl.api.cluster import (
     DHCPRange,
+    HostMaintenance,
+    HostMaintenanceStatus,
     HostStatus,
     LibvirtCluster,
     LibvirtClusterList,
@@ -46,6 +49,7 @@ from capl.api.constants import (
     GROUP,
     MACHINE_FINALIZER,
     MANAGED_BY_ANNOTATION,
+    MIGRATION_FINALIZER,
     PAUSED_ANNOTATION,
     PROVIDER_ID_PREFIX,
     PROVIDER_LABEL,
@@ -62,7 +66,9 @@ from capl.api.constants import (
     Reason,
 )
 from capl.api.machine import (
+    DEFAULT_EVICTION_STRATEGY,
     Disk,
+    EvictionStrategy,
     ImageSource,
     LibvirtMachine,
     LibvirtMachineList,
@@ -82,6 +88,13 @@ from capl.api.meta import (
     OwnerReference,
     TemplateObjectMeta,
 )
+from capl.api.migration import (
+    LibvirtMachineMigration,
+    LibvirtMachineMigrationList,
+    LibvirtMachineMigrationSpec,
+    LibvirtMachineMigrationStatus,
+    MigrationState,
+)
 from capl.api.templates import (
     LibvirtClusterTemplate,
     LibvirtClusterTemplateList,
@@ -100,9 +113,11 @@ __all__ = [
     "CLUSTER_NAME_LABEL",
     "CONTRACT_LABEL",
     "CONTROL_PLANE_LABEL",
+    "DEFAULT_EVICTION_STRATEGY",
     "GROUP",
     "MACHINE_FINALIZER",
     "MANAGED_BY_ANNOTATION",
+    "MIGRATION_FINALIZER",
     "PAUSED_ANNOTATION",
     "PROVIDER_ID_PREFIX",
     "PROVIDER_LABEL",
@@ -121,7 +136,10 @@ __all__ = [
     "ContractVersionedObjectReference",
     "DHCPRange",
     "Disk",
+    "EvictionStrategy",
     "FailureDomain",
+    "HostMaintenance",
+    "HostMaintenanceStatus",
     "HostStatus",
     "ImageSource",
     "InitializationStatus",
@@ -138,6 +156,10 @@ __all__ = [
     "LibvirtHost",
     "LibvirtMachine",
     "LibvirtMachineList",
+    "LibvirtMachineMigration",
+    "LibvirtMachineMigrationList",
+    "LibvirtMachineMigrationSpec",
+    "LibvirtMachineMigrationStatus",
     "LibvirtMachineSpec",
     "LibvirtMachineStatus",
     "LibvirtMachineTemplate",
@@ -147,6 +169,7 @@ __all__ = [
     "LocalObjectReference",
     "Machine",
     "MachineAddress",
+    "MigrationState",
     "NetworkInterface",
     "NetworkSpec",
     "ObjectMeta",

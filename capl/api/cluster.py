@@ -51,6 +51,15 @@ from capl.api.meta import (
 NetworkMode = Literal["nat", "isolated", "bridge"]
 
 
+class HostMaintenance(K8sModel):
+    """A host in maintenance: cordoned (nothing new is placed on it, its failure domain is no
+    longer offered for control planes) and evacuated, each machine by its
+    evictionStrategy. Removing the entry ends the maintenance."""
+
+    reason: str | None = Field(default=None, max_length=256)
+    """Why (shown by `capl hosts` and in Events), e.g. "kernel update"."""
+
+
 class LibvirtHost(K8sModel):
     """A KVM host reachable through libvirt; one failure domain."""
 
@@ -70,6 +79,12 @@ class LibvirtHost(K8sModel):
     allow_insecure_tcp: bool = Field(default=False, alias="allowInsecureTCP")
     """Permit a qemu+tcp URI: unauthenticated and unencrypted, effectively root on the host for
     anyone on the network (refused unless set)."""
+    migration_address: DNSSubdomain | None = None
+    """Address other hosts send live-migration data to when this host is the destination
+    (QEMU listens there; libvirt's qemu.conf `migration_address`). Default: the host part of
+    `uri`; required for a URI without one (qemu:///system) to receive migrations."""
+    maintenance: HostMaintenance | None = None
+    """Set to put the host into maintenance (`capl maintenance start`); remove to end it."""
 
 
 class DHCPRange(K8sModel):
@@ -206,6 +221,22 @@ CLUSTER_SPEC_TRANSITION_RULES = (
 )
 
 
+MaintenancePhase = Literal["Evacuating", "Blocked", "Evacuated"]
+
+
+class HostMaintenanceStatus(K8sModel):
+    """How a host's maintenance goes."""
+
+    phase: MaintenancePhase
+    """Evacuating (machines are being moved or replaced), Blocked (a machine cannot leave:
+    evictionStrategy None, or LiveMigrate without a possible migration; the message says
+    which), Evacuated (no machine of the cluster is left on the host)."""
+    machines: int = Field(default=0, ge=0)
+    """Machines of the cluster still on the host."""
+    message: str | None = Field(default=None, max_length=1024)
+    """What is being waited on."""
+
+
 class HostStatus(K8sModel):
     """What capl observed and set up on one host."""
 
@@ -231,6 +262,8 @@ class HostStatus(K8sModel):
     """True when capl created that pool (and will remove it), false when adopted."""
     message: str | None = Field(default=None, max_length=1024)
     """Why the host is not ready, when it is not."""
+    maintenance: HostMaintenanceStatus | None = None
+    """Progress of the host's maintenance, while spec.hosts[].maintenance is set."""
 
 
 class LibvirtClusterStatus(K8sModel):

@@ -39,6 +39,7 @@ class Kind(StrEnum):
     LIBVIRT_MACHINE = "LibvirtMachine"
     LIBVIRT_CLUSTER_TEMPLATE = "LibvirtClusterTemplate"
     LIBVIRT_MACHINE_TEMPLATE = "LibvirtMachineTemplate"
+    LIBVIRT_MACHINE_MIGRATION = "LibvirtMachineMigration"
 
 
 class Plural(StrEnum):
@@ -48,12 +49,17 @@ class Plural(StrEnum):
     LIBVIRT_MACHINES = "libvirtmachines"
     LIBVIRT_CLUSTER_TEMPLATES = "libvirtclustertemplates"
     LIBVIRT_MACHINE_TEMPLATES = "libvirtmachinetemplates"
+    LIBVIRT_MACHINE_MIGRATIONS = "libvirtmachinemigrations"
 
 
 # --- Finalizers ------------------------------------------------------------------------------
 
 MACHINE_FINALIZER: Final = "libvirtmachine.infrastructure.cluster.x-k8s.io"
 CLUSTER_FINALIZER: Final = "libvirtcluster.infrastructure.cluster.x-k8s.io"
+#: On a LibvirtMachineMigration until it is finished: deleting an unfinished one aborts it.
+MIGRATION_FINALIZER: Final = "libvirtmachinemigration.infrastructure.cluster.x-k8s.io"
+#: On the LibvirtMachineMigrations a host's maintenance creates: the host being evacuated.
+EVACUATION_HOST_LABEL: Final = "infrastructure.cluster.x-k8s.io/evacuation-host"
 
 # --- Cluster API labels and annotations ------------------------------------------------------
 
@@ -119,6 +125,10 @@ class ConditionType(StrEnum):
     ADDRESS_ASSIGNED = "AddressAssigned"
     BOOTSTRAP_SUCCEEDED = "BootstrapSucceeded"
     """Read through the guest agent; absent on guests without one (not part of Ready)."""
+    MIGRATING = "Migrating"
+    """True while a live migration moves the domain (spec.migrationTarget is set)."""
+    # LibvirtMachineMigration.
+    SUCCEEDED = "Succeeded"
 
 
 class Reason(StrEnum):
@@ -173,6 +183,18 @@ class Reason(StrEnum):
     CONTROL_PLANE_ENDPOINT_REQUIRED = "ControlPlaneEndpointRequired"
     """capl cannot publish a DNS name on this network (bridge mode): set the endpoint."""
     INVALID_SPEC = "InvalidSpec"
+    # Live migration and host maintenance.
+    MIGRATION_RUNNING = "MigrationRunning"
+    MIGRATION_SUCCEEDED = "MigrationSucceeded"
+    MIGRATION_FAILED = "MigrationFailed"
+    MIGRATION_ABORTED = "MigrationAborted"
+    NOT_MIGRATING = "NotMigrating"
+    NO_TARGET_HOST = "NoTargetHost"
+    WAITING_FOR_MIGRATION = "WaitingForMigration"
+    EVACUATING = "Evacuating"
+    EVACUATED = "Evacuated"
+    EVICTION_BLOCKED = "EvictionBlocked"
+    """A machine with evictionStrategy None keeps the host's maintenance waiting."""
     LIBVIRT_ERROR = "LibvirtError"
     INTERNAL_ERROR = "InternalError"
 

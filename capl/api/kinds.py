@@ -15,6 +15,7 @@ from capl.api.base import K8sModel
 from capl.api.cluster import LibvirtCluster, LibvirtClusterList
 from capl.api.constants import GROUP, VERSION, Kind, Plural
 from capl.api.machine import LibvirtMachine, LibvirtMachineList
+from capl.api.migration import LibvirtMachineMigration, LibvirtMachineMigrationList
 from capl.api.templates import (
     LibvirtClusterTemplate,
     LibvirtClusterTemplateList,
@@ -177,10 +178,34 @@ LIBVIRT_CLUSTER_TEMPLATE = KindInfo(
     printer_columns=(_AGE,),
 )
 
+LIBVIRT_MACHINE_MIGRATION = KindInfo(
+    kind=Kind.LIBVIRT_MACHINE_MIGRATION,
+    plural=Plural.LIBVIRT_MACHINE_MIGRATIONS,
+    model=LibvirtMachineMigration,
+    list_model=LibvirtMachineMigrationList,
+    short_names=("lvmm",),
+    status_subresource=True,
+    printer_columns=(
+        PrinterColumn(name="Machine", json_path=".spec.machineName", description="Machine"),
+        PrinterColumn(name="Phase", json_path=".status.phase", description="Phase"),
+        PrinterColumn(name="Source", json_path=".status.sourceHost", description="Source host"),
+        PrinterColumn(name="Target", json_path=".status.targetHost", description="Target host"),
+        PrinterColumn(
+            name="Remaining",
+            json_path=".status.state.dataRemainingBytes",
+            type="integer",
+            description="Bytes left to move",
+            priority=1,
+        ),
+        _AGE,
+    ),
+)
+
 KINDS: tuple[KindInfo, ...] = (
     LIBVIRT_CLUSTER,
     LIBVIRT_CLUSTER_TEMPLATE,
     LIBVIRT_MACHINE,
     LIBVIRT_MACHINE_TEMPLATE,
+    LIBVIRT_MACHINE_MIGRATION,
 )
 KINDS_BY_NAME: Mapping[str, KindInfo] = {info.kind.value: info for info in KINDS}

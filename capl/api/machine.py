@@ -9,6 +9,12 @@ Design notes:
   templates embed the same spec and must stay mutable for the topology controller's dry runs.
 - `image` is immutable: a different base image means a different machine (a rollout).
 - `networkInterfaces` empty means one NIC on the cluster's network.
+- Live migration moves a domain to another host, so `hostName` is immutable *except* along
+  a migration: the migration controller first records the destination in
+  `spec.migrationTarget` (before any libvirt call; while it is set the machine controller
+  never creates or starts the domain), and after libvirt moved the domain it sets `hostName`
+  to that value and clears `migrationTarget` in one write. The transition rule allows
+  exactly that, so the API server itself (not only the webhook) refuses any other change.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ ImageFormat = Literal["qcow2", "raw"]
 DiskName = Annotated[str, Field(min_length=1, max_length=32, pattern=DNS_LABEL_PATTERN)]
 Firmware = Literal["bios", "uefi"]
 DomainType = Literal["auto", "kvm", "qemu"]
+EvictionStrategy = Literal["LiveMigrate", "LiveMigrateIfPossible", "Recreate", "None"]
+DEFAULT_EVICTION_STRATEGY: EvictionStrategy = "LiveMigrateIfPossible"
 
 _IMAGE_ONE_SOURCE = cel(
     "(has(self.url) ? 1 : 0) + (has(self.path) ? 1 : 0) + (has(self.volume) ? 1 : 0) == 1",
@@ -160,6 +168,16 @@ class LibvirtMachineSpec(K8sModel):
     """Boot firmware: bios (SeaBIOS) or uefi (OVMF)."""
     domain_type: DomainType = "auto"
     """libvirt domain type: kvm, qemu (TCG emulation) or auto (kvm when the host offers it)."""
+    eviction_strategy: EvictionStrategy | None = None
+    """What happens to the machine when its host goes into maintenance (as KubeVirt's
+    evictionStrategy): LiveMigrate (live-migrate to another host of the cluster; the
+    maintenance waits while that is impossible), LiveMigrateIfPossible (migrate, else
+    Recreate), Recreate (delete the Machine so that its owner creates a replacement on
+    another host), None (stay: the maintenance waits and says so). Default:
+    LiveMigrateIfPossible."""
+    migration_target: DNSLabel | None = None
+    """Set by capl while a live migration moves the domain: the destination host. Not for
+    users (refused in templates)."""
 
 
 # Transition rules of a LibvirtMachine's spec (not of templates: see the module docstring).
@@ -170,7 +188,29 @@ MACHINE_SPEC_TRANSITION_RULES = (
         field_path=".image",
         reason="FieldValueForbidden",
     ),
-    immutable_once_set("hostName"),
+    cel(
+        "!has(oldSelf.hostName) || oldSelf.hostName == ''"
+        " || (has(self.hostName) && (self.hostName == oldSelf.hostName"
+        " || (has(oldSelf.migrationTarget) && self.hostName == oldSelf.migrationTarget"
+        " && !has(self.migrationTarget))))",
+        "hostName is immutable once set; it changes only when a live migration completes"
+        " (to the host in migrationTarget, which is cleared in the same write)",
+        field_path=".hostName",
+        reason="FieldValueForbidden",
+    ),
+    cel(
+        "!has(self.migrationTarget) || !has(self.hostName)"
+        " || self.migrationTarget != self.hostName",
+        "migrationTarget must name another host than hostName",
+        field_path=".migrationTarget",
+    ),
+    cel(
+        "!has(self.migrationTarget) || !has(oldSelf.migrationTarget)"
+        " || self.migrationTarget == oldSelf.migrationTarget",
+        "migrationTarget cannot change while a migration runs (clear it first)",
+        field_path=".migrationTarget",
+        reason="FieldValueForbidden",
+    ),
     immutable_once_set("providerID"),
     immutable_once_set("domainUUID"),
 )
@@ -198,7 +238,8 @@ class LibvirtMachineStatus(K8sModel):
     conditions: list[Condition] | None = Field(
         default=None, max_length=32, json_schema_extra=map_list("type")
     )
-    """Ready, Paused, DomainProvisioned, BootstrapDataDelivered, AddressAssigned."""
+    """Ready, Paused, DomainProvisioned, BootstrapDataDelivered, AddressAssigned,
+    BootstrapSucceeded, Migrating."""
 
 
 class LibvirtMachine(K8sModel):

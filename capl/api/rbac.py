@@ -15,8 +15,11 @@ here is not used, or a request is not granted):
   endpoint, defaults; merge patches carry a resourceVersion precondition where lists change,
   so no `update` is needed). Templates are never read by the manager: not listed.
 - `/status`: patched once per reconcile with the computed diff.
-- Cluster API Clusters and Machines: `list` and `watch` only (owners, pause, bootstrap
-  secret name, failure domain).
+- LibvirtMachineMigrations: `list`, `watch`, `patch` (finalizer) and `/status` like the
+  above, plus `create`: a host in maintenance is evacuated by migrations the manager creates.
+- Cluster API Clusters and Machines: `list` and `watch` (owners, pause, bootstrap secret
+  name, failure domain); `delete` on Machines: a host in maintenance evacuates a machine
+  with evictionStrategy Recreate by deleting its Machine, which its owner replaces.
 - Secrets: `list` and `watch` (bootstrap data, host credentials, `<cluster>-kubeconfig`, all
   from the cache); `patch` to add the LibvirtCluster owner reference to credentials Secrets
   (so `clusterctl move` takes them). Where the OwnerReferencesPermissionEnforcement
@@ -65,6 +68,7 @@ class PolicyRule:
 
 
 _OWN = (Plural.LIBVIRT_CLUSTERS.value, Plural.LIBVIRT_MACHINES.value)
+_MIGRATIONS = Plural.LIBVIRT_MACHINE_MIGRATIONS.value
 
 MANAGER_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(
@@ -79,8 +83,13 @@ MANAGER_RULES: tuple[PolicyRule, ...] = (
     ),
     PolicyRule(
         api_groups=(CAPI_GROUP,),
-        resources=("clusters", "machines"),
+        resources=("clusters",),
         verbs=("list", "watch"),
+    ),
+    PolicyRule(
+        api_groups=(CAPI_GROUP,),
+        resources=("machines",),
+        verbs=("delete", "list", "watch"),
     ),
     PolicyRule(
         api_groups=(GROUP,),
@@ -89,7 +98,12 @@ MANAGER_RULES: tuple[PolicyRule, ...] = (
     ),
     PolicyRule(
         api_groups=(GROUP,),
-        resources=tuple(f"{r}/status" for r in _OWN),
+        resources=(_MIGRATIONS,),
+        verbs=("create", "list", "patch", "watch"),
+    ),
+    PolicyRule(
+        api_groups=(GROUP,),
+        resources=tuple(f"{r}/status" for r in (*_OWN, _MIGRATIONS)),
         verbs=("patch",),
     ),
 )

@@ -2,18 +2,22 @@
 
 - ``formatter`` and ``add_api_flags``: every command's help keeps its line breaks, and every
   command that talks to the API server has ``--kubeconfig`` and ``--context``;
+  ``parse_duration`` / ``positive_duration``: Go-style durations ("90s", "10m", "1h30m");
 - ``connect``: a ``capl.kube.KubeClient`` from the kubeconfig, resolved as client-go does it
   (``$KUBECONFIG``, in-cluster, then ``~/.kube/config``); no usable configuration is exit 4;
 - ``default_namespace``: the namespace of the kubeconfig context in use (kubectl's default);
 - ``api_failure``: a failed API request as a one-line ``CliError`` with the exit code that
   says what happened (unreachable 4, not found 3, forbidden or anything else 1);
-- ``list_kind``: every object of a kind, or None when its CRD is not installed.
+- ``list_kind``: every object of a kind, or None when its CRD is not installed;
+- ``add_scope_flags`` / ``scope_namespace``: ``-n NS | -A`` and the namespace they mean;
+- ``align_columns`` and ``dash``: the plain (kubectl-style) tables of every command.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from capl.errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_UNREACHABLE, CliError
@@ -25,11 +29,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "add_api_flags",
+    "add_scope_flags",
+    "align_columns",
     "api_failure",
     "connect",
+    "dash",
     "default_namespace",
     "formatter",
     "list_kind",
+    "parse_duration",
+    "positive_duration",
+    "scope_namespace",
 ]
 
 _IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -50,6 +60,71 @@ def add_api_flags(p: argparse.ArgumentParser) -> None:
         help="kubeconfig file (default: $KUBECONFIG, in-cluster, then ~/.kube/config)",
     )
     p.add_argument("--context", default=None, help="kubeconfig context (default: the current)")
+
+
+def add_scope_flags(p: argparse.ArgumentParser, *, all_help: str = "every namespace") -> None:
+    """``-n NS`` or ``-A`` (mutually exclusive), read back by ``scope_namespace``."""
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", default=None, help="namespace (default: context's)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help=all_help)
+
+
+def scope_namespace(args: argparse.Namespace) -> str | None:
+    """The namespace ``-n``/``-A`` mean (None: all), else the kubeconfig context's."""
+    if getattr(args, "all_namespaces", False):
+        return None
+    namespace: str = args.namespace or default_namespace(args.kubeconfig, context=args.context)
+    return namespace
+
+
+# --- plain tables --------------------------------------------------------------------------------
+
+
+def dash(value: object) -> str:
+    """A table cell: "-" for None and ""."""
+    return "-" if value is None or value == "" else str(value)
+
+
+def align_columns(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+    """Lines of left-aligned columns three spaces apart, trailing blanks stripped."""
+    table = [header, *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return [
+        "   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in table
+    ]
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a Go-style duration ("90s", "10m", "1h30m", "250ms") or plain seconds."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    for match in _DURATION.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * scale[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (examples: 30s, 10m, 1h30m)")
+    return total
+
+
+def positive_duration(text: str) -> float:
+    """An argparse type: a duration above zero."""
+    value = parse_duration(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive duration (e.g. 30s, 10m), got {text!r}"
+        )
+    return value
 
 
 # --- API access ----------------------------------------------------------------------------------

@@ -20,12 +20,20 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from capl.commands.shared import add_api_flags, connect, default_namespace, formatter
+from capl.commands.shared import (
+    add_api_flags,
+    add_scope_flags,
+    align_columns,
+    connect,
+    dash,
+    formatter,
+    scope_namespace,
+)
 from capl.commands.status_report import (
     ClusterView,
     ConditionView,
@@ -72,10 +80,6 @@ def format_age(created: str | None, *, now: datetime | None = None) -> str:
     return f"{days}d{hours}h" if hours and days < 10 else f"{days}d"
 
 
-def _dash(value: object) -> str:
-    return "-" if value is None or value == "" else str(value)
-
-
 def _table(
     report: StatusReport,
     items: Sequence[ClusterView] | Sequence[MachineView],
@@ -87,7 +91,7 @@ def _table(
         columns = [("NAMESPACE", lambda x: x.namespace), *columns]
     if not report.capi_installed:
         columns = [(name, get) for name, get in columns if name not in _CAPI_COLUMNS]
-    return [name for name, _ in columns], [[_dash(get(x)) for _, get in columns] for x in items]
+    return [name for name, _ in columns], [[dash(get(x)) for _, get in columns] for x in items]
 
 
 _CAPI_COLUMNS = frozenset({"PHASE", "NODE"})
@@ -144,24 +148,15 @@ def _condition_line(report: StatusReport, c: ConditionView) -> str:
     return text
 
 
-def _columns(header: list[str], rows: Iterable[list[str]]) -> list[str]:
-    table = [header, *rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return [
-        "   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in table
-    ]
-
-
 def render_plain(report: StatusReport, *, now: datetime | None = None) -> str:
     """Aligned columns without colour (kubectl style), for pipes and logs."""
     lines: list[str] = []
     if report.clusters:
-        lines += _columns(*_cluster_rows(report, now))
+        lines += align_columns(*_cluster_rows(report, now))
     if report.machines:
         if lines:
             lines.append("")
-        lines += _columns(*_machine_rows(report, now))
+        lines += align_columns(*_machine_rows(report, now))
     if report.conditions:
         lines += ["", "CONDITIONS NOT IN THEIR GOOD STATE"]
         lines += [_condition_line(report, c) for c in report.conditions]
@@ -241,9 +236,7 @@ def register(sub: Any) -> None:
         ),
     )
     add_api_flags(p)
-    scope = p.add_mutually_exclusive_group()
-    scope.add_argument("-n", "--namespace", default=None, help="namespace (default: context's)")
-    scope.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    add_scope_flags(p)
     p.add_argument("cluster", nargs="?", metavar="CLUSTER", help="show only this cluster")
     p.add_argument(
         "-o",
@@ -256,11 +249,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    namespace: str | None
-    if args.all_namespaces:
-        namespace = None
-    else:
-        namespace = args.namespace or default_namespace(args.kubeconfig, context=args.context)
+    namespace = scope_namespace(args)
     report = asyncio.run(_collect(args, namespace))
     where = "any namespace" if namespace is None else f"namespace {namespace}"
     if args.cluster is not None and report.empty:

@@ -28,6 +28,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from capl.commands.raw import (
+    CLUSTER_NAME_LABEL,
+    dig,
+    obj_label,
+    obj_meta,
+    obj_name,
+    obj_ns,
+    obj_owner,
+    text,
+)
 from capl.commands.shared import list_kind
 
 if TYPE_CHECKING:
@@ -40,11 +50,12 @@ __all__ = [
     "MachineView",
     "StatusReport",
     "build_report",
+    "clusters_by_key",
     "collect",
     "condition_status",
+    "machine_pairs",
 ]
 
-CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
 NEGATIVE_POLARITY = frozenset(
     {"Paused", "Deleting", "RollingOut", "ScalingUp", "ScalingDown", "Remediating"}
 )
@@ -117,42 +128,8 @@ class StatusReport:
         return not self.clusters and not self.machines
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    value = obj.get("metadata")
-    return value if isinstance(value, Mapping) else {}
-
-
-def _get(obj: Any, *path: str) -> Any:
-    for part in path:
-        if not isinstance(obj, Mapping):
-            return None
-        obj = obj.get(part)
-    return obj
-
-
-def _ns(obj: Mapping[str, Any]) -> str:
-    return str(_meta(obj).get("namespace") or "")
-
-
-def _name(obj: Mapping[str, Any]) -> str:
-    return str(_meta(obj).get("name") or "")
-
-
-def _owner(obj: Mapping[str, Any], kind: str) -> str | None:
-    for ref in _meta(obj).get("ownerReferences") or ():
-        if isinstance(ref, Mapping) and ref.get("kind") == kind and ref.get("name"):
-            return str(ref["name"])
-    return None
-
-
-def _label(obj: Mapping[str, Any], key: str) -> str | None:
-    labels = _meta(obj).get("labels")
-    value = labels.get(key) if isinstance(labels, Mapping) else None
-    return str(value) if value else None
-
-
 def _conditions(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    value = _get(obj, "status", "conditions")
+    value = dig(obj, "status", "conditions")
     return [c for c in value if isinstance(c, Mapping)] if isinstance(value, list) else []
 
 
@@ -174,8 +151,8 @@ def _bad_conditions(obj: Mapping[str, Any]) -> list[ConditionView]:
         result.append(
             ConditionView(
                 kind=str(obj.get("kind") or ""),
-                namespace=_ns(obj),
-                name=_name(obj),
+                namespace=obj_ns(obj),
+                name=obj_name(obj),
                 type=type_,
                 status=status,
                 reason=str(condition.get("reason") or ""),
@@ -188,15 +165,15 @@ def _bad_conditions(obj: Mapping[str, Any]) -> list[ConditionView]:
 def _endpoint(obj: Mapping[str, Any] | None) -> str | None:
     if obj is None:
         return None
-    host = _get(obj, "spec", "controlPlaneEndpoint", "host")
-    port = _get(obj, "spec", "controlPlaneEndpoint", "port")
+    host = dig(obj, "spec", "controlPlaneEndpoint", "host")
+    port = dig(obj, "spec", "controlPlaneEndpoint", "port")
     if not host:
         return None
     return f"{host}:{port}" if port else str(host)
 
 
 def _ref_name(obj: Mapping[str, Any], ref: str, kind: str) -> str | None:
-    value = _get(obj, "spec", ref)
+    value = dig(obj, "spec", ref)
     if isinstance(value, Mapping) and value.get("kind") == kind and value.get("name"):
         return str(value["name"])
     return None
@@ -206,7 +183,7 @@ def _addresses(obj: Mapping[str, Any] | None) -> list[str]:
     if obj is None:
         return []
     found = []
-    for address in _get(obj, "status", "addresses") or ():
+    for address in dig(obj, "status", "addresses") or ():
         if (
             isinstance(address, Mapping)
             and address.get("type") in ("InternalIP", "ExternalIP")
@@ -217,10 +194,10 @@ def _addresses(obj: Mapping[str, Any] | None) -> list[str]:
     return found
 
 
-def _clusters_by_key(caps: list[Raw], lcs: list[Raw]) -> tuple[dict[Key, Raw], dict[Key, Raw]]:
+def clusters_by_key(caps: list[Raw], lcs: list[Raw]) -> tuple[dict[Key, Raw], dict[Key, Raw]]:
     """Cluster API Clusters and LibvirtClusters by (namespace, cluster name)."""
-    capi_by_key = {(_ns(c), _name(c)): c for c in caps}
-    lc_by_name = {(_ns(lc), _name(lc)): lc for lc in lcs}
+    capi_by_key = {(obj_ns(c), obj_name(c)): c for c in caps}
+    lc_by_name = {(obj_ns(lc), obj_name(lc)): lc for lc in lcs}
     lc_by_key: dict[Key, Raw] = {}
     for key, capi in capi_by_key.items():
         infra = _ref_name(capi, "infrastructureRef", "LibvirtCluster")
@@ -229,27 +206,27 @@ def _clusters_by_key(caps: list[Raw], lcs: list[Raw]) -> tuple[dict[Key, Raw], d
     claimed = {id(lc) for lc in lc_by_key.values()}
     for lc in lcs:
         if id(lc) not in claimed:
-            name = _label(lc, CLUSTER_NAME_LABEL) or _owner(lc, "Cluster") or _name(lc)
-            lc_by_key.setdefault((_ns(lc), name), lc)
+            name = obj_label(lc, CLUSTER_NAME_LABEL) or obj_owner(lc, "Cluster") or obj_name(lc)
+            lc_by_key.setdefault((obj_ns(lc), name), lc)
     return capi_by_key, lc_by_key
 
 
-def _machine_pairs(lms: list[Raw], cms: list[Raw]) -> list[tuple[Raw | None, Raw | None]]:
+def machine_pairs(lms: list[Raw], cms: list[Raw]) -> list[tuple[Raw | None, Raw | None]]:
     """(LibvirtMachine, Machine) pairs; either side may be missing."""
-    cm_by_key = {(_ns(m), _name(m)): m for m in cms}
+    cm_by_key = {(obj_ns(m), obj_name(m)): m for m in cms}
     machine_of: dict[Key, Raw] = {}
     for key, capi_machine in cm_by_key.items():
         infra = _ref_name(capi_machine, "infrastructureRef", "LibvirtMachine")
         if infra:
             machine_of[(key[0], infra)] = capi_machine
     for lm in lms:
-        owner = _owner(lm, "Machine")
-        if owner and (_ns(lm), owner) in cm_by_key:
-            machine_of[(_ns(lm), _name(lm))] = cm_by_key[(_ns(lm), owner)]
+        owner = obj_owner(lm, "Machine")
+        if owner and (obj_ns(lm), owner) in cm_by_key:
+            machine_of[(obj_ns(lm), obj_name(lm))] = cm_by_key[(obj_ns(lm), owner)]
     joined: set[int] = set()
     pairs: list[tuple[Raw | None, Raw | None]] = []
     for lm in lms:
-        paired = machine_of.get((_ns(lm), _name(lm)))
+        paired = machine_of.get((obj_ns(lm), obj_name(lm)))
         if paired is not None:
             joined.add(id(paired))
         pairs.append((lm, paired))
@@ -257,45 +234,41 @@ def _machine_pairs(lms: list[Raw], cms: list[Raw]) -> list[tuple[Raw | None, Raw
     return pairs
 
 
-def _text(value: Any) -> str | None:
-    return str(value) if value not in (None, "") else None
-
-
 def _machine_view(lm: Raw | None, machine: Raw | None) -> MachineView:
     base = lm if lm is not None else machine
     assert base is not None
-    cluster_name = _label(base, CLUSTER_NAME_LABEL) or _text(_get(machine, "spec", "clusterName"))
+    cluster_name = obj_label(base, CLUSTER_NAME_LABEL) or text(dig(machine, "spec", "clusterName"))
     ready = condition_status(lm, "Ready") if lm is not None else None
     if ready is None and machine is not None:
         ready = condition_status(machine, "Ready")
     return MachineView(
-        namespace=_ns(base),
+        namespace=obj_ns(base),
         cluster=cluster_name,
-        name=_name(base),
-        machine=_name(machine) if machine is not None else None,
-        libvirt_machine=_name(lm) if lm is not None else None,
-        host=_text(_get(lm, "status", "host") or _get(lm, "spec", "hostName")),
-        state=_text(_get(lm, "status", "domainState")),
+        name=obj_name(base),
+        machine=obj_name(machine) if machine is not None else None,
+        libvirt_machine=obj_name(lm) if lm is not None else None,
+        host=text(dig(lm, "status", "host") or dig(lm, "spec", "hostName")),
+        state=text(dig(lm, "status", "domainState")),
         addresses=_addresses(lm) or _addresses(machine),
-        provider_id=_text(_get(lm, "spec", "providerID") or _get(machine, "spec", "providerID")),
+        provider_id=text(dig(lm, "spec", "providerID") or dig(machine, "spec", "providerID")),
         ready=ready,
-        phase=_text(_get(machine, "status", "phase")),
-        node=_text(_get(machine, "status", "nodeRef", "name")),
-        created=_text(_meta(base).get("creationTimestamp")),
+        phase=text(dig(machine, "status", "phase")),
+        node=text(dig(machine, "status", "nodeRef", "name")),
+        created=text(obj_meta(base).get("creationTimestamp")),
     )
 
 
 def _cluster_view(
     key: Key, capi: Raw | None, lc: Raw | None, members: list[MachineView]
 ) -> ClusterView:
-    spec_hosts = _get(lc, "spec", "hosts")
-    status_hosts = _get(lc, "status", "hosts")
+    spec_hosts = dig(lc, "spec", "hosts")
+    status_hosts = dig(lc, "status", "hosts")
     base = lc if lc is not None else capi
     return ClusterView(
         namespace=key[0],
         name=key[1],
-        libvirt_cluster=_name(lc) if lc is not None else None,
-        phase=_text(_get(capi, "status", "phase")),
+        libvirt_cluster=obj_name(lc) if lc is not None else None,
+        phase=text(dig(capi, "status", "phase")),
         ready=condition_status(lc, "Ready") if lc is not None else None,
         endpoint=_endpoint(lc) or _endpoint(capi),
         hosts_reachable=sum(
@@ -304,7 +277,7 @@ def _cluster_view(
         hosts_total=len(spec_hosts) if isinstance(spec_hosts, list) else 0,
         machines_ready=sum(1 for m in members if m.ready == "True"),
         machines_total=len(members),
-        created=_text(_meta(base).get("creationTimestamp")) if base is not None else None,
+        created=text(obj_meta(base).get("creationTimestamp")) if base is not None else None,
     )
 
 
@@ -330,15 +303,15 @@ def build_report(
     lcs, lms = list(libvirt_clusters or ()), list(libvirt_machines or ())
     caps, cms = list(clusters or ()), list(machines or ())
 
-    capi_by_key, lc_by_key = _clusters_by_key(caps, lcs)
+    capi_by_key, lc_by_key = clusters_by_key(caps, lcs)
     keys = sorted(set(capi_by_key) | set(lc_by_key))
-    pairs = _machine_pairs(lms, cms)
+    pairs = machine_pairs(lms, cms)
     views = [_machine_view(lm, m) for lm, m in pairs]
     if cluster is not None:
         keys = [
             k
             for k in keys
-            if k[1] == cluster or (k in lc_by_key and _name(lc_by_key[k]) == cluster)
+            if k[1] == cluster or (k in lc_by_key and obj_name(lc_by_key[k]) == cluster)
         ]
         wanted = {k[1] for k in keys} | {cluster}
         kept = [(p, v) for p, v in zip(pairs, views, strict=True) if v.cluster in wanted]

@@ -26,7 +26,15 @@ if TYPE_CHECKING:
     from capl.kube.client import KubeClient
     from capl.virt import LibvirtHost, LibvirtHosts
 
-__all__ = ["ConsoleTarget", "HostAccess", "host_access", "resolve_target"]
+__all__ = [
+    "ConsoleTarget",
+    "HostAccess",
+    "find_libvirt_machine",
+    "get_or_none",
+    "host_access",
+    "libvirt_cluster_of",
+    "resolve_target",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,13 +129,19 @@ async def host_access(client: KubeClient, cluster: Mapping[str, Any], host_name:
     )
 
 
-async def resolve_target(client: KubeClient, *, namespace: str, name: str) -> ConsoleTarget:
-    """The domain of machine ``namespace/name`` and its host; CliError when anything is missing."""
+async def find_libvirt_machine(
+    client: KubeClient, *, namespace: str, name: str
+) -> dict[str, Any] | None:
+    """The LibvirtMachine of that name, else the one a Machine of that name refers to."""
     from capl.runtime.resources import LIBVIRT_MACHINE
 
-    lm = await _get(client, LIBVIRT_MACHINE, namespace, name)
-    if lm is None:
-        lm = await _via_machine(client, namespace, name)
+    found = await get_or_none(client, LIBVIRT_MACHINE, namespace, name)
+    return found if found is not None else await _via_machine(client, namespace, name)
+
+
+async def resolve_target(client: KubeClient, *, namespace: str, name: str) -> ConsoleTarget:
+    """The domain of machine ``namespace/name`` and its host; CliError when anything is missing."""
+    lm = await find_libvirt_machine(client, namespace=namespace, name=name)
     if lm is None:
         raise CliError(
             f"machine {namespace}/{name} not found (no LibvirtMachine or Machine of that name)",
@@ -142,7 +156,7 @@ async def resolve_target(client: KubeClient, *, namespace: str, name: str) -> Co
             "(spec.domainUUID and spec.hostName are set once the domain is defined)",
             code=EXIT_FAILED,
         )
-    cluster = await _libvirt_cluster(client, lm, str(host_name))
+    cluster = await libvirt_cluster_of(client, lm, str(host_name))
     try:
         access = await host_access(client, cluster, str(host_name))
     except CliError as exc:
@@ -152,7 +166,7 @@ async def resolve_target(client: KubeClient, *, namespace: str, name: str) -> Co
     return ConsoleTarget(namespace=namespace, machine=lm_name, uuid=str(uuid), host=access)
 
 
-async def _get(
+async def get_or_none(
     client: KubeClient, resource: Any, namespace: str, name: str
 ) -> dict[str, Any] | None:
     """The object, or None when it (or its kind) does not exist."""
@@ -174,29 +188,32 @@ async def _get(
 async def _via_machine(client: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:
     from capl.runtime.resources import LIBVIRT_MACHINE, MACHINE
 
-    machine = await _get(client, MACHINE, namespace, name)
+    machine = await get_or_none(client, MACHINE, namespace, name)
     ref = (machine or {}).get("spec", {}).get("infrastructureRef") or {}
     if ref.get("kind") != "LibvirtMachine" or not ref.get("name"):
         return None
-    return await _get(client, LIBVIRT_MACHINE, namespace, str(ref["name"]))
+    return await get_or_none(client, LIBVIRT_MACHINE, namespace, str(ref["name"]))
 
 
-async def _libvirt_cluster(
+async def libvirt_cluster_of(
     client: KubeClient, lm: Mapping[str, Any], host_name: str
 ) -> dict[str, Any]:
+    """The LibvirtCluster of a LibvirtMachine's cluster (Cluster's infrastructureRef, else by
+    name or cluster label; without a cluster label, the only one with a host ``host_name``);
+    CliError (exit 3) when there is none."""
     from capl.api.constants import CLUSTER_NAME_LABEL
     from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER
 
     namespace = str(lm["metadata"]["namespace"])
     cluster_name = (lm["metadata"].get("labels") or {}).get(CLUSTER_NAME_LABEL)
     if cluster_name:
-        capi = await _get(client, CLUSTER, namespace, cluster_name)
+        capi = await get_or_none(client, CLUSTER, namespace, cluster_name)
         ref = (capi or {}).get("spec", {}).get("infrastructureRef") or {}
         if ref.get("kind") == "LibvirtCluster" and ref.get("name"):
-            found = await _get(client, LIBVIRT_CLUSTER, namespace, str(ref["name"]))
+            found = await get_or_none(client, LIBVIRT_CLUSTER, namespace, str(ref["name"]))
             if found is not None:
                 return found
-        found = await _get(client, LIBVIRT_CLUSTER, namespace, cluster_name)
+        found = await get_or_none(client, LIBVIRT_CLUSTER, namespace, cluster_name)
         if found is not None:
             return found
     candidates = await list_kind(client, LIBVIRT_CLUSTER, namespace=namespace) or []

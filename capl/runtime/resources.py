@@ -41,6 +41,9 @@ LIBVIRT_MACHINE_TEMPLATE = Resource(
 LIBVIRT_CLUSTER_TEMPLATE = Resource(
     INFRA_GROUP, "v1alpha1", "LibvirtClusterTemplate", "libvirtclustertemplates"
 )
+LIBVIRT_MACHINE_MIGRATION = Resource(
+    INFRA_GROUP, "v1alpha1", "LibvirtMachineMigration", "libvirtmachinemigrations"
+)
 SECRET = Resource("", "v1", "Secret", "secrets")
 CONFIG_MAP = Resource("", "v1", "ConfigMap", "configmaps")
 EVENT = Resource("", "v1", "Event", "events")
@@ -58,6 +61,7 @@ WELL_KNOWN: tuple[Resource, ...] = (
     LIBVIRT_MACHINE,
     LIBVIRT_MACHINE_TEMPLATE,
     LIBVIRT_CLUSTER_TEMPLATE,
+    LIBVIRT_MACHINE_MIGRATION,
     SECRET,
     CONFIG_MAP,
     EVENT,

@@ -202,6 +202,8 @@ class LibvirtMigrations:
             outcome, error = await self._watch(
                 request, job, params, flags, prepared, cancelled, on_progress
             )
+            # e.g. "connection closed due to keepalive timeout": the destination went away
+            lost = error is not None and not job.destination_alive()
         finally:
             self._running.pop(uuid, None)
             job.close()
@@ -211,7 +213,7 @@ class LibvirtMigrations:
                     f"set autostart of {uuid}", lambda c: c.lookupByUUIDString(uuid).setAutostart(1)
                 )
             return await self._succeeded(source, destination, uuid, prepared, outcome)
-        raise await self._failed(source, destination, uuid, outcome, error)
+        raise await self._failed(source, destination, uuid, outcome, error, lost=lost)
 
     async def _open(self, source: LibvirtHost, destination: LibvirtHost) -> _Job:
         def open_both() -> _Job:
@@ -338,16 +340,16 @@ class LibvirtMigrations:
         uuid: str,
         outcome: Outcome,
         error: BaseException,
+        *,
+        lost: bool = False,
     ) -> MigrationFailed:
         """The error to raise, with where the domain is now (the source resumed if it was
         left paused)."""
         text = error.get_error_message() if isinstance(error, libvirt.libvirtError) else None
         detail = " ".join((text or str(error)).split())
         reason = outcome.abort_reason
-        if (
-            reason is None
-            and isinstance(error, libvirt.libvirtError)
-            and is_connection_error(error)
+        if reason is None and (
+            lost or (isinstance(error, libvirt.libvirtError) and is_connection_error(error))
         ):
             reason = AbortReason.DESTINATION_LOST
         location: DomainLocation | None = None

@@ -25,7 +25,8 @@ What is checked:
   addresses are unicast and unique; fixed IPs are unique.
 - Templates: `spec.template.spec` is immutable, except in the topology controller's dry
   runs (request.dryRun and the `topology.cluster.x-k8s.io/dry-run` annotation); machine
-  templates must not carry per-machine identity (mac, ip, providerID, domainUUID).
+  templates must not carry per-machine identity (mac, ip, providerID, domainUUID) or a
+  migration target.
 """
 
 from __future__ import annotations
@@ -297,6 +298,11 @@ def _check_machine_spec(
                     f"{prefix}.{name}",
                     "must not be set in a template: it identifies one machine's domain",
                 )
+        if spec.migration_target is not None:
+            verdict.error(
+                f"{prefix}.migrationTarget",
+                "must not be set in a template: capl sets it on one machine while it migrates",
+            )
 
 
 def validate_libvirt_machine(

@@ -118,6 +118,8 @@ def full_machine(name: str = "full") -> dict[str, Any]:
             ],
             "firmware": "uefi",
             "domainType": "qemu",
+            "evictionStrategy": "LiveMigrate",
+            "migrationTarget": "h1",
         },
     }
 
@@ -168,6 +170,7 @@ def full_cluster(name: str = "full") -> dict[str, Any]:
                     "uri": "qemu+ssh://root@kvm1.example.invalid/system",
                     "credentialsRef": {"name": "kvm1-ssh"},
                     "controlPlane": True,
+                    "maintenance": {"reason": "kernel update"},
                 },
             ],
             "network": {
@@ -200,6 +203,7 @@ def cluster_status() -> dict[str, Any]:
                 "bridge": "virbr-demo",
                 "storagePool": "capl-demo",
                 "storagePoolCreated": True,
+                "maintenance": {"phase": "Blocked", "machines": 1, "message": "m0: None"},
             },
             {"name": "h1", "reachable": False, "message": "connection refused"},
         ],
@@ -216,14 +220,56 @@ def cluster_status() -> dict[str, Any]:
     }
 
 
+def full_migration() -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": "LibvirtMachineMigration",
+        "metadata": {"name": "full"},
+        "spec": {
+            "machineName": "full",
+            "targetHost": "h1",
+            "bandwidthMiBPerSecond": 100,
+            "completionTimeoutPerGiB": 60,
+            "progressTimeoutSeconds": 30,
+            "allowAutoConverge": True,
+            "allowPostCopy": False,
+        },
+    }
+
+
+def migration_status() -> dict[str, Any]:
+    return {
+        "phase": "Running",
+        "sourceHost": "h0",
+        "targetHost": "h1",
+        "copyStorage": True,
+        "startTime": "2026-12-02T01:00:00Z",
+        "abortRequested": False,
+        "state": {"dataTotalBytes": 1 << 30, "dataRemainingBytes": 1 << 20, "downtimeMs": 80},
+        "message": "moving",
+        "observedGeneration": 1,
+        "conditions": [
+            {
+                "type": "Succeeded",
+                "status": "False",
+                "reason": "MigrationRunning",
+                "message": "moving",
+                "lastTransitionTime": "2026-12-02T01:00:00Z",
+            }
+        ],
+    }
+
+
 def full_object(kind: str) -> dict[str, Any]:
+    if kind == "LibvirtMachineMigration":
+        return full_migration()
     if kind == "LibvirtMachine":
         return full_machine()
     if kind == "LibvirtCluster":
         return full_cluster()
     if kind == "LibvirtMachineTemplate":
         spec = full_machine()["spec"]
-        for key in ("providerID", "domainUUID"):
+        for key in ("providerID", "domainUUID", "migrationTarget"):
             del spec[key]
         spec["networkInterfaces"] = [{}, {"bridge": "br0"}]
         template: dict[str, Any] = {"metadata": {"labels": {"role": "worker"}}, "spec": spec}
@@ -249,7 +295,11 @@ async def test_every_kind_round_trips(
     assert back.metadata.uid
     assert back.metadata.creation_timestamp is not None
     if info.status_subresource:
-        status = machine_status() if info.kind == "LibvirtMachine" else cluster_status()
+        status = {
+            "LibvirtMachine": machine_status,
+            "LibvirtCluster": cluster_status,
+            "LibvirtMachineMigration": migration_status,
+        }[info.kind.value]()
         patched = await merge_patch(
             objects, namespace, info.kind.value, "full", {"status": status}, status=True
         )
@@ -291,8 +341,10 @@ async def test_samples_are_accepted(control_plane: ControlPlane, namespace: str)
     out = await control_plane.kubectl(
         "apply", "--server-side", "-n", namespace, "-k", str(SAMPLES), "-o", "name"
     )
-    assert len(out.split()) == 4
-    listing = await control_plane.kubectl("get", "-n", namespace, "lvc,lvct,lvm,lvmt", "-o", "json")
+    assert len(out.split()) == len(KINDS)
+    listing = await control_plane.kubectl(
+        "get", "-n", namespace, "lvc,lvct,lvm,lvmt,lvmm", "-o", "json"
+    )
     items = json.loads(listing)["items"]
     assert sorted(i["kind"] for i in items) == sorted(k.kind.value for k in KINDS)
     for item in items:
@@ -782,3 +834,63 @@ async def test_mutable_fields_stay_mutable(
         {"name": "h1", "uri": "qemu+ssh://kvm1/system"},
     ]
     await merge_patch(objects, namespace, "LibvirtCluster", "mut", {"spec": {"hosts": hosts}})
+
+
+async def test_host_name_changes_only_along_a_migration(
+    objects: client.CustomObjectsApi, namespace: str
+) -> None:
+    """spec.hostName is write-once except for the one step a migration takes: to the host
+    recorded in migrationTarget, clearing it in the same write."""
+    await create(objects, namespace, machine("mig"))
+    await merge_patch(objects, namespace, "LibvirtMachine", "mig", {"spec": {"hostName": "h0"}})
+    refused = [
+        ({"hostName": "h1"}, "spec.hostName"),  # no migration recorded
+        ({"migrationTarget": "h0"}, "spec.migrationTarget"),  # the host it is on
+    ]
+    for patch, field in refused:
+        with pytest.raises(ApiException) as info:
+            await merge_patch(objects, namespace, "LibvirtMachine", "mig", {"spec": patch})
+        assert info.value.status == 422, patch
+        assert field in message_of(info.value), patch
+    await merge_patch(
+        objects, namespace, "LibvirtMachine", "mig", {"spec": {"migrationTarget": "h1"}}
+    )
+    refused = [
+        ({"hostName": "h2", "migrationTarget": None}, "spec.hostName"),  # not the target
+        ({"hostName": "h1"}, "spec.hostName"),  # target not cleared in the same write
+        ({"migrationTarget": "h2"}, "spec.migrationTarget"),  # retargeted mid-flight
+    ]
+    for patch, field in refused:
+        with pytest.raises(ApiException) as info:
+            await merge_patch(objects, namespace, "LibvirtMachine", "mig", {"spec": patch})
+        assert info.value.status == 422, patch
+        assert field in message_of(info.value), patch
+    moved = await merge_patch(
+        objects,
+        namespace,
+        "LibvirtMachine",
+        "mig",
+        {"spec": {"hostName": "h1", "migrationTarget": None}},
+    )
+    assert moved["spec"]["hostName"] == "h1"
+    assert "migrationTarget" not in moved["spec"]
+    # an aborted migration clears the target and leaves hostName alone
+    await merge_patch(
+        objects, namespace, "LibvirtMachine", "mig", {"spec": {"migrationTarget": "h0"}}
+    )
+    back = await merge_patch(
+        objects, namespace, "LibvirtMachine", "mig", {"spec": {"migrationTarget": None}}
+    )
+    assert back["spec"]["hostName"] == "h1"
+
+
+async def test_migration_spec_is_immutable(
+    objects: client.CustomObjectsApi, namespace: str
+) -> None:
+    await create(objects, namespace, full_migration())
+    with pytest.raises(ApiException) as info:
+        await merge_patch(
+            objects, namespace, "LibvirtMachineMigration", "full", {"spec": {"targetHost": "h2"}}
+        )
+    assert info.value.status == 422
+    assert "spec is immutable" in message_of(info.value)

@@ -63,6 +63,21 @@ NOT_EXERCISED: dict[tuple[str, str, str], str] = {
         "event repeats within its aggregation window; the controllers emit a Warning once per "
         "condition change, which this scenario never repeats"
     ),
+    ("infrastructure.cluster.x-k8s.io", "libvirtmachinemigrations", "create"): (
+        "a host in maintenance creates its evacuation migrations; this scenario puts no host"
+        " into maintenance"
+    ),
+    ("infrastructure.cluster.x-k8s.io", "libvirtmachinemigrations", "patch"): (
+        "the migration controller adds its finalizer; this scenario migrates nothing (live"
+        " migration needs two real hosts: tests/multihost)"
+    ),
+    ("infrastructure.cluster.x-k8s.io", "libvirtmachinemigrations/status", "patch"): (
+        "the migration controller reports a migration's phase; none is created here"
+    ),
+    ("cluster.x-k8s.io", "machines", "delete"): (
+        "a host in maintenance deletes the Machine of a machine with evictionStrategy"
+        " Recreate; this scenario puts no host into maintenance"
+    ),
 }
 
 

@@ -97,6 +97,7 @@ from capl.controllers.machine.scope import (
 from capl.controllers.machine.target import Identity, Target
 from capl.ports.errors import VirtError
 from capl.ports.virt import DomainEvent, DomainEventKind, HostEvent, HostId, VirtEvent
+from capl.runtime.conditions import get_condition
 from capl.runtime.controller import Controller, Result, Watch
 from capl.runtime.errors import ApiError, TransportError
 from capl.runtime.errors import NotFound as ApiNotFound
@@ -297,6 +298,8 @@ class LibvirtMachineReconciler:
             return DONE
         if not (self._cluster(scope) and self._unpaused(scope) and self._infrastructure(scope)):
             return await scope.close(DONE)  # 2-4
+        if not _not_migrating(scope):
+            return await scope.close(DONE)  # a live migration moves the domain
         try:
             if not scope.lm.spec.domain_uuid:
                 scope.bootstrap = create.bootstrap_data(scope)  # 5
@@ -448,6 +451,17 @@ class LibvirtMachineReconciler:
             scope.set(c.ConditionType.PAUSED, True, c.Reason.PAUSED)
             return await scope.close_deleting(DONE)
         scope.set(c.ConditionType.READY, False, c.Reason.DELETING, "deleting the domain")
+        if scope.lm.spec.migration_target:
+            # the migration controller aborts the job when the machine is deleted and then
+            # clears migrationTarget: only then is it known which host holds the domain
+            scope.set(
+                c.ConditionType.READY,
+                False,
+                c.Reason.WAITING_FOR_MIGRATION,
+                f"waiting for the live migration to {scope.lm.spec.migration_target} to be"
+                " aborted before deleting the domain",
+            )
+            return await scope.close_deleting(DONE)
         if scope.lm.spec.domain_uuid is None and not scope.status.get("host"):
             return await scope.release()  # nothing was ever created
         located = placement.locate(self.ctx, scope.lm, scope.namespace)
@@ -495,6 +509,24 @@ def _earlier(result: Result, retry: Result | None) -> Result:
     if result.requeue_after is None or retry_in < result.requeue_after:
         return retry
     return result
+
+
+def _not_migrating(scope: MachineScope) -> bool:
+    """Gate 4b: while spec.migrationTarget is set the migration controller owns the domain's
+    whereabouts: nothing here may create, start or look for it (it may be on either host for
+    a moment). The Migrating condition says so; when the target is cleared it turns False."""
+    target = scope.lm.spec.migration_target
+    if target:
+        scope.set(
+            c.ConditionType.MIGRATING,
+            True,
+            c.Reason.MIGRATION_RUNNING,
+            f"live migration from {scope.lm.spec.host_name} to {target}",
+        )
+        return False
+    if get_condition(scope.current, c.ConditionType.MIGRATING) is not None:
+        scope.set(c.ConditionType.MIGRATING, False, c.Reason.NOT_MIGRATING)
+    return True
 
 
 def _provisioned(lm: LibvirtMachine) -> bool:

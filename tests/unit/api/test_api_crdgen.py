@@ -196,10 +196,10 @@ def test_machine_transition_rules_only_on_the_machine() -> None:
     messages = {r["message"] for r in _rules(machine_spec)}
     assert {
         "image is immutable",
-        "hostName is immutable once set",
         "providerID is immutable once set",
         "domainUUID is immutable once set",
     } <= messages
+    assert any(m.startswith("hostName is immutable once set; it changes only") for m in messages)
     for rule in _rules(machine_spec):
         if "immutable" in rule["message"]:
             assert "oldSelf" in rule["rule"]
