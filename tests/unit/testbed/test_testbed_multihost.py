@@ -18,6 +18,7 @@ from capl.testbed.multihost_host import (
     wait_until,
     write_libvirt_config,
 )
+from capl.testbed.multihost_lock import BedLocks
 from capl.testbed.multihost_net import BedError
 
 
@@ -82,3 +83,48 @@ def test_a_failed_start_shows_the_daemons_log_tail(tmp_path: Path) -> None:
     message = str(info.value)
     assert message.startswith("kvm1: libvirtd answers: the process exited")
     assert "cannot bind 10.231.0.11:16514" in message
+
+
+def test_admin_lock_is_exclusive_and_waits_with_a_deadline(tmp_path: Path) -> None:
+    root = tmp_path / "bed"
+    first, second = BedLocks(root), BedLocks(root)
+    with (
+        first.admin(),
+        pytest.raises(BedError, match="starting or stopping the multi-host bed"),
+        second.admin(within=0.3),
+    ):
+        pass
+    with second.admin(within=0.3):  # free again once the holder left
+        pass
+    assert first.admin_path.parent == tmp_path  # beside the state directory, not in it
+
+
+def test_users_lock_counts_every_session_but_none_twice(tmp_path: Path) -> None:
+    root = tmp_path / "bed"
+    a, b, c = BedLocks(root), BedLocks(root), BedLocks(root)
+    a.join()
+    a.join()  # idempotent
+    b.join()
+    with c.alone() as alone:
+        assert not alone
+    a.leave()
+    with c.alone() as alone:
+        assert not alone  # b still uses it
+    b.leave()
+    b.leave()  # idempotent
+    with c.alone() as alone:
+        assert alone
+        with pytest.raises(BedError, match="held exclusively"):
+            a.join()  # only under the admin lock, which the stopping session holds
+    a.join()
+    assert a.joined
+    a.leave()
+    assert not a.joined
+
+
+def test_owner_of_a_bed(tmp_path: Path) -> None:
+    root = tmp_path / "bed"
+    assert multihost.owner(root) is None
+    root.mkdir()
+    (root / multihost.OWNER_FILE).write_text("tests\n")
+    assert multihost.owner(root) == multihost.BY_TESTS
