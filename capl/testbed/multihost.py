@@ -38,8 +38,10 @@ runs already) or ``tests`` (a test session). A test session goes through `use`: 
 lock it starts the bed unless a healthy one runs, then holds the users lock shared until
 `BedUse.release`, which stops the bed only when ``owner`` is ``tests`` and no other session
 uses it — so a session never loses the bed to another one's teardown, and the last test
-session out leaves nothing. ``hack/multihost.sh stop`` refuses while a session uses the bed
-(``--force`` stops it anyway); `start` and `stop` themselves do not lock.
+session out leaves nothing. Nor is a bed rebuilt while another session uses it: unhealthy
+then (a test took a host's link down), `use` waits for it to be healthy again.
+``hack/multihost.sh stop`` refuses while a session uses the bed (``--force`` stops it
+anyway); `start` and `stop` themselves do not lock.
 """
 
 from __future__ import annotations
@@ -110,6 +112,7 @@ MARKER: Final = ".capl-multihost"
 OWNER_FILE: Final = "owner"
 BY_HAND: Final = "hand"
 BY_TESTS: Final = "tests"
+_USE_POLL: Final = 1.0
 HOSTS: Final = (
     HostPlan(name="kvm1", index=1, transport="tls", lan_prefix=LAN_PREFIX),
     HostPlan(name="kvm2", index=2, transport="tls", lan_prefix=LAN_PREFIX),
@@ -382,13 +385,30 @@ class BedUse:
 
 def use(root: Path | None = None, *, say: Any = print, within: float = LOCK_WAIT) -> BedUse:
     """The bed for a test session: started unless a healthy one runs, held until
-    `BedUse.release` (see the module docstring)."""
+    `BedUse.release` (see the module docstring). A bed that is unhealthy while another
+    session uses it is not rebuilt under that session (its tests may have taken a host's
+    link down on purpose): this waits up to `within` seconds for it to be healthy again."""
     root = state_root(root)
     locks = BedLocks(root)
-    with locks.admin(within=within):
-        bed, started = start(root, say=say, by=BY_TESTS)
-        locks.join()
-    return BedUse(bed=bed, started=started, locks=locks, root=root)
+    deadline = time.monotonic() + within
+    while True:
+        with locks.admin(within=max(deadline - time.monotonic(), 0.0)):
+            bed, problems = status(root)
+            if bed is None or not problems:
+                in_use = False
+            else:
+                with locks.alone() as alone:
+                    in_use = not alone
+            if not in_use:
+                bed, started = start(root, say=say, by=BY_TESTS)
+                locks.join()
+                return BedUse(bed=bed, started=started, locks=locks, root=root)
+        if time.monotonic() >= deadline:
+            raise BedError(
+                f"the multi-host bed is unhealthy ({'; '.join(problems)}) and another session "
+                f"uses it: not rebuilt under it; waited {within:g} s"
+            )
+        time.sleep(_USE_POLL)  # the other session's tests may bring it back
 
 
 def _build(root: Path) -> None:
@@ -458,7 +478,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("action", choices=("start", "stop", "status"))
     parser.add_argument(
-        "--force", action="store_true", help="stop: even while a test session uses the bed"
+        "--force",
+        action="store_true",
+        help="stop, or rebuild an unhealthy bed on start, even while a test session uses it",
     )
     parser.add_argument(
         "--state-dir", type=Path, default=None, help=f"default ${STATE_ENV} or {DEFAULT_STATE}"
@@ -470,6 +492,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         locks = BedLocks(root)
         if args.action == "start":
             with locks.admin():
+                found, problems = status(root)
+                if found is not None and problems and not args.force:
+                    with locks.alone() as alone:
+                        if not alone:
+                            raise BedError(
+                                f"the multi-host bed is unhealthy ({'; '.join(problems)}) and "
+                                "a test session uses it: not rebuilt under it (start --force "
+                                "rebuilds it anyway)"
+                            )
                 bed, _ = start(root, by=BY_HAND)
             _print_bed(bed)
         elif args.action == "stop":

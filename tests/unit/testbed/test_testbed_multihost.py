@@ -128,3 +128,58 @@ def test_owner_of_a_bed(tmp_path: Path) -> None:
     root.mkdir()
     (root / multihost.OWNER_FILE).write_text("tests\n")
     assert multihost.owner(root) == multihost.BY_TESTS
+
+
+def _fake_bed(root: Path) -> multihost.MultihostBed:
+    return multihost.MultihostBed(root=root, hosts=())
+
+
+def test_use_does_not_rebuild_a_bed_another_session_uses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "bed"
+    bed = _fake_bed(root)
+    health = [["kvm2: nothing listens on 10.231.0.12:16514"]] * 2 + [[]]
+    starts: list[list[str]] = []
+
+    def status(_root: Path | None = None) -> tuple[multihost.MultihostBed, list[str]]:
+        return bed, health[0]
+
+    def start(
+        _root: Path | None = None, *, say: object = None, by: str | None = None
+    ) -> tuple[multihost.MultihostBed, bool]:
+        starts.append(health[0])
+        return bed, False
+
+    def sleep(_seconds: float) -> None:  # the other session's test brings the link back
+        health.pop(0)
+
+    monkeypatch.setattr(multihost, "status", status)
+    monkeypatch.setattr(multihost, "start", start)
+    monkeypatch.setattr(multihost.time, "sleep", sleep)
+    other = BedLocks(root)
+    other.join()  # another session uses the bed
+    held = multihost.use(root, say=lambda _line: None, within=60)
+    assert starts == [[]]  # asked to start only once it was healthy again: nothing rebuilt
+    assert held.locks.joined
+    held.locks.leave()
+    other.leave()
+
+
+def test_use_gives_up_on_a_bed_unhealthy_under_another_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "bed"
+    bed = _fake_bed(root)
+    monkeypatch.setattr(multihost, "status", lambda _root=None: (bed, ["kvm1: libvirtd is dead"]))
+    monkeypatch.setattr(multihost.time, "sleep", lambda _seconds: None)
+
+    def start(*_args: object, **_kwargs: object) -> tuple[multihost.MultihostBed, bool]:
+        raise AssertionError("rebuilt under another session")
+
+    monkeypatch.setattr(multihost, "start", start)
+    other = BedLocks(root)
+    other.join()
+    with pytest.raises(BedError, match=r"unhealthy .*kvm1: libvirtd is dead.* another session"):
+        multihost.use(root, say=lambda _line: None, within=0.2)
+    other.leave()
