@@ -20,6 +20,9 @@ PYTEST=(.venv/bin/pytest -p no:cacheprovider)
 for stage in ${CAPL_TEST_STAGES:-unit virt kube controllers chaos libvirtd security e2e multihost nodes}; do
 	# a stage with no test files yet is skipped (pytest would exit 5, "no tests collected")
 	compgen -G "tests/$stage/test_*.py" >/dev/null || continue
-	timed "tests/$stage" "${PYTEST[@]}" "tests/$stage" ${PYTEST_ARGS:-}
+	run=("${PYTEST[@]}")
+	# the multihost bed has fixed names (one per machine): runs that use it take turns
+	[ "$stage" = multihost ] && run=(flock /tmp/capl-multihost.lock "${run[@]}")
+	timed "tests/$stage" "${run[@]}" "tests/$stage" ${PYTEST_ARGS:-}
 done
 note "make test: $((SECONDS - stage_start)) s"

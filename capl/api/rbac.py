@@ -16,7 +16,9 @@ here is not used, or a request is not granted):
   so no `update` is needed). Templates are never read by the manager: not listed.
 - `/status`: patched once per reconcile with the computed diff.
 - LibvirtMachineMigrations: `list`, `watch`, `patch` (finalizer) and `/status` like the
-  above, plus `create`: a host in maintenance is evacuated by migrations the manager creates.
+  above, plus `create` and `delete`: a host in maintenance is evacuated by migrations the
+  manager creates, retries a failed one by deleting and re-creating it, and deletes them
+  (aborting the unfinished) when the maintenance ends.
 - Cluster API Clusters and Machines: `list` and `watch` (owners, pause, bootstrap secret
   name, failure domain); `delete` on Machines: a host in maintenance evacuates a machine
   with evictionStrategy Recreate by deleting its Machine, which its owner replaces.
@@ -99,7 +101,7 @@ MANAGER_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(
         api_groups=(GROUP,),
         resources=(_MIGRATIONS,),
-        verbs=("create", "list", "patch", "watch"),
+        verbs=("create", "delete", "list", "patch", "watch"),
     ),
     PolicyRule(
         api_groups=(GROUP,),

@@ -144,6 +144,9 @@ class HostPlan:
     """None: capl does not manage endpoint records (user endpoint, or not decided yet)."""
     forget_api_domain: str | None = None
     """On delete: the DNS domain whose endpoint names are removed from adopted networks."""
+    cordoned: bool = False
+    """The host is in maintenance (spec.hosts[].maintenance): its failure domain is not
+    offered to control planes (`cluster_status.failure_domains`)."""
 
     @property
     def label(self) -> str:

@@ -9,6 +9,8 @@ to the stored one and the status patch stays empty.
   `cpus`, `memoryMiB`, `libvirtVersion`, `uri` without query/credentials). A host that becomes
   unreachable keeps its failure domain with the last known attributes, so placement does not
   reshuffle on a transient outage; a host never reached is published once it answers.
+  `controlPlane` is the host's spec value, except `false` while the host is in maintenance
+  (cordoned: Cluster API stops offering it to control planes).
 - `status.hosts[]`: per host, what was observed this time (fields of an unreachable host are
   carried over from the previous status, with `reachable: false` and the cause in `message`).
   `networkUUID` is the network's identity: the LibvirtMachine controller watches it and, when
@@ -77,7 +79,7 @@ def failure_domains(
         result.append(
             {
                 "name": report.name,
-                "controlPlane": report.plan.control_plane,
+                "controlPlane": report.plan.control_plane and not report.plan.cordoned,
                 "attributes": attributes,
             }
         )

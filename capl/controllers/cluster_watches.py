@@ -5,8 +5,13 @@
   `api`/`api-int` records, from the cache's cluster index).
 - Secondary watches (`watches`): the Cluster (its infrastructureRef), LibvirtMachines and
   control-plane Machines of the cluster (`ControlPlaneMachineChanges`: any deletion, address,
-  label or deletion-state changes of control-plane machines), credentials Secrets (an index of
-  `spec.hosts[].credentialsRef`).
+  label or deletion-state changes of control-plane machines, and for every machine a change
+  of its host, migration target or evictionStrategy — host maintenance), credentials Secrets
+  (an index of `spec.hosts[].credentialsRef`), and the evacuation LibvirtMachineMigrations
+  (label `EVACUATION_HOST_LABEL`, mapped by their owner reference to the LibvirtCluster that
+  made them; created, deleted, or a new phase: `MIGRATION_CHANGES`). The machine
+  controller's host index (`INDEX_HOST`) is registered here too: maintenance reads the
+  machines on a host from it.
 - libvirt host (dis)connections (`host_event_trigger`): requeue the LibvirtClusters using the
   host.
 """
@@ -21,9 +26,17 @@ from typing import Any
 from capl.api import constants as c
 from capl.controllers.cluster_dns import addresses_in_network
 from capl.controllers.common import CAPI_GROUP, Deps
+from capl.controllers.machine.indexes import INDEX_HOST, index_host
 from capl.ports.virt import HostEvent, VirtEvent
 from capl.runtime.controller import Watch
-from capl.runtime.handlers import HasLabel, SkipStatusOnlyUpdates, map_by_name_index, map_ref
+from capl.runtime.handlers import (
+    FuncPredicate,
+    HasLabel,
+    SkipStatusOnlyUpdates,
+    map_by_name_index,
+    map_owner,
+    map_ref,
+)
 from capl.runtime.informer import Cache
 from capl.runtime.objects import (
     Obj,
@@ -35,11 +48,19 @@ from capl.runtime.objects import (
     meta,
     owner_references,
 )
-from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, LIBVIRT_MACHINE, MACHINE, SECRET
+from capl.runtime.resources import (
+    CLUSTER,
+    LIBVIRT_CLUSTER,
+    LIBVIRT_MACHINE,
+    LIBVIRT_MACHINE_MIGRATION,
+    MACHINE,
+    SECRET,
+)
 from capl.runtime.store import INDEX_CLUSTER, cluster_index_value
 
 __all__ = [
     "CREDENTIALS_INDEX",
+    "MIGRATION_CHANGES",
     "ControlPlaneMachineChanges",
     "control_plane_addresses",
     "credentials_indexer",
@@ -145,10 +166,24 @@ def _map_member_to_clusters(cache: Cache) -> Callable[[Obj], Iterable[ObjectKey]
     return mapper
 
 
+_PLACEMENT_PATHS = (
+    ("spec", "hostName"),
+    ("status", "host"),
+    ("spec", "migrationTarget"),
+    ("spec", "evictionStrategy"),
+)
+
+
+def _placement_changed(old: Obj, new: Obj) -> bool:
+    """Where a machine is, whether it migrates, what its eviction strategy is (maintenance)."""
+    return any(get_path(old, *p) != get_path(new, *p) for p in _PLACEMENT_PATHS)
+
+
 class ControlPlaneMachineChanges:
     """LibvirtMachine events that matter to the cluster: any deletion (deletion waits for the
-    machines), and creates/updates of control-plane machines that change their addresses,
-    labels or deletion state (the endpoint records)."""
+    machines), creates/updates of control-plane machines that change their addresses,
+    labels or deletion state (the endpoint records), and updates of any machine that change
+    its host, migration target or eviction strategy (host maintenance)."""
 
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
@@ -160,6 +195,8 @@ class ControlPlaneMachineChanges:
         return True
 
     def update(self, old: Obj, new: Obj) -> bool:
+        if old is not new and _placement_changed(old, new):
+            return True
         if not (
             is_control_plane_machine(self.cache, old) or is_control_plane_machine(self.cache, new)
         ):
@@ -173,9 +210,23 @@ class ControlPlaneMachineChanges:
         )
 
 
+def _migration_changed(old: Obj, new: Obj) -> bool:
+    return (
+        old is new
+        or get_path(old, "status", "phase") != get_path(new, "status", "phase")
+        or is_deleting(old) != is_deleting(new)
+    )
+
+
+MIGRATION_CHANGES = FuncPredicate(on_update=_migration_changed)
+"""Evacuation migrations: created, deleted, a new phase or the deletion started."""
+
+
 def watches(cache: Cache) -> list[Watch]:
-    """The secondary watches of the controller (adds the credentials index to the cache)."""
+    """The secondary watches of the controller (adds the credentials index and the machine
+    host index to the cache)."""
     cache.informer(LIBVIRT_CLUSTER).add_indexer(CREDENTIALS_INDEX, credentials_indexer)
+    cache.informer(LIBVIRT_MACHINE).add_indexer(INDEX_HOST, index_host)
     members = _map_member_to_clusters(cache)
     return [
         Watch(CLUSTER, map_ref("spec", "infrastructureRef", kind=c.Kind.LIBVIRT_CLUSTER)),
@@ -186,6 +237,11 @@ def watches(cache: Cache) -> list[Watch]:
             predicates=(HasLabel(c.CONTROL_PLANE_LABEL), SkipStatusOnlyUpdates()),
         ),
         Watch(SECRET, map_by_name_index(cache, LIBVIRT_CLUSTER, CREDENTIALS_INDEX)),
+        Watch(
+            LIBVIRT_MACHINE_MIGRATION,
+            map_owner(c.Kind.LIBVIRT_CLUSTER, api_group=c.GROUP),
+            predicates=(HasLabel(c.EVACUATION_HOST_LABEL), MIGRATION_CHANGES),
+        ),
     ]
 
 

@@ -25,7 +25,12 @@ One reconcile, level-based, in this order:
    `cluster.x-k8s.io/control-plane` on the LibvirtMachine or its owner Machine). Record
    ownership is shared with the machine controller per hostname: see `cluster_dns`. An
    unreachable host or a bad spec on one host never stops the others.
-5. Status, at most one patch (none when nothing changed): `failureDomains`, `hosts[]`,
+5. Host maintenance (`cluster_maintenance`): hosts with `spec.hosts[].maintenance` are
+   cordoned (their failure domain says `controlPlane: false`; machine placement skips them)
+   and evacuated — evacuation LibvirtMachineMigrations created, Machines deleted, each
+   machine by its `evictionStrategy` — and `status.hosts[].maintenance` says how far it got;
+   when the maintenance ends its migrations are deleted. API writes only, no libvirt call.
+6. Status, at most one patch (none when nothing changed): `failureDomains`, `hosts[]`,
    conditions `HostsReachable`, `NetworkReady`, `StorageReady`,
    `ControlPlaneEndpointReady`, `Ready` (their summary) and `Paused`;
    `initialization.provisioned` once network and pool exist on every control-plane host and
@@ -43,7 +48,9 @@ network or pool there (wrong URI, credentials never valid): then there is nothin
 
 Requeues: transient libvirt errors use the rate-limited backoff; unreachable hosts retry
 after `unreachable_retry`; problems only a spec or host change can cure after
-`terminal_retry` (spec/Secret changes trigger a reconcile anyway); a healthy cluster is
+`terminal_retry` (spec/Secret changes trigger a reconcile anyway); a host being evacuated
+after `maintenance.poll_interval` (its migrations and machines wake it sooner) and when a
+failed migration's retry backoff ends; a healthy cluster is
 looked at again after `health_interval` (HostsReachable stays current), which can be turned
 off. libvirt host connection events (connected / disconnected) requeue the clusters using
 that host; the watches are in `cluster_watches`.
@@ -53,7 +60,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -75,6 +82,11 @@ from capl.controllers.cluster_hosts import (
     Problem,
     clean_host,
     converge_host,
+)
+from capl.controllers.cluster_maintenance import (
+    Maintenance,
+    MaintenanceOptions,
+    MaintenanceResult,
 )
 from capl.controllers.cluster_status import (
     failure_domains,
@@ -138,6 +150,8 @@ class LibvirtClusterOptions:
     """Retry after this long when only a spec, Secret or host change can help."""
     host_timeout: float | None = 120.0
     """Give up on one host's work after this long in a reconcile (reported as unreachable)."""
+    maintenance: MaintenanceOptions = field(default_factory=MaintenanceOptions)
+    """Evacuation of hosts in maintenance: parallelism, retry backoff, polling."""
 
 
 def _never_set_up(current: LibvirtCluster) -> set[str]:
@@ -158,6 +172,7 @@ class LibvirtClusterReconciler:
         self.options = options or LibvirtClusterOptions()
         self._client = deps.client.resource(LIBVIRT_CLUSTER)
         self._writes = ReadYourWrites()
+        self._maintenance = Maintenance(deps, self.options.maintenance)
 
     def _now(self) -> str:
         return rfc3339(self.deps.clock.wall())
@@ -271,6 +286,7 @@ class LibvirtClusterReconciler:
                 pool=pool,
                 api=api,
                 forget_api_domain=forget_api_domain,
+                cordoned=host.maintenance is not None,
             )
             plans.append((plan, self._connector(namespace, host)))
         return plans
@@ -315,6 +331,9 @@ class LibvirtClusterReconciler:
         else:
             status.pop("failureDomains", None)
         status["hosts"] = host_statuses(reports, status.get("hosts"))
+        evacuation = await self._maintenance.reconcile(
+            current, obj, patcher.original, cluster=cluster
+        )
         if isinstance(metadata.generation, int):
             status["observedGeneration"] = metadata.generation
         set_host_conditions(obj, reports, network=lay.network, pool=lay.pool, now=self._now)
@@ -331,14 +350,20 @@ class LibvirtClusterReconciler:
         problems = [p for r in reports for p in r.problems()]
         if endpoint_problem is not None:
             problems.append(endpoint_problem)
-        return self._next(problems)
+        return self._next(problems, evacuation)
 
-    def _next(self, problems: Sequence[Problem]) -> Result:
+    def _next(
+        self, problems: Sequence[Problem], evacuation: MaintenanceResult | None = None
+    ) -> Result:
         options = self.options
         delays: list[float] = []
         if options.health_interval:
             delays.append(options.health_interval)
-        if any(not p.terminal and not p.unreachable for p in problems):
+        if evacuation is not None and evacuation.requeue_after is not None:
+            delays.append(evacuation.requeue_after)
+        if any(not p.terminal and not p.unreachable for p in problems) or (
+            evacuation is not None and evacuation.failed
+        ):
             return Result(requeue=True)
         if any(p.unreachable and not p.terminal for p in problems):
             delays.append(options.unreachable_retry)

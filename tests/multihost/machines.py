@@ -1,6 +1,7 @@
 """What the multihost tests of machines driven by the manager share: the `bed` fixture (a
 `ManagerBed` standing in for the Cluster API core), a bridge-mode cluster on kvm1 and kvm2, a
-counting worker, where a domain is, what is left on a host, and a migration run to its end.
+counting worker (`boot_worker`; `start_counter` for a guest booted otherwise), where a domain
+is, what is left on a host, and a migration run to its end.
 """
 
 from __future__ import annotations
@@ -141,7 +142,8 @@ async def migrate(
 class Worker:
     """A booted worker machine whose shell counts on its serial console."""
 
-    bed: ManagerBed
+    bed: ManagerBed | None
+    """None when the real Cluster API core manages the machine (test_maintenance)."""
     lan: MultihostBed
     consoles: LibvirtHosts
     pool: str
@@ -212,6 +214,13 @@ async def boot_worker(
         uuid=str(obj["spec"]["domainUUID"]),
         ip=internal_ip(obj),
     )
+    await start_counter(worker, host)
+    return worker
+
+
+async def start_counter(worker: Worker, host: str) -> None:
+    """Start the counter in the guest's shell (typed on its console on `host`); waits until
+    it counted past 2 in the console log."""
     counting = await run_in_guest(
         worker.console(host),
         worker.uuid,
@@ -220,4 +229,3 @@ async def boot_worker(
     )
     assert counting.status == 0
     await worker.counting_on(host, 2)
-    return worker

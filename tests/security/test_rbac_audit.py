@@ -67,6 +67,10 @@ NOT_EXERCISED: dict[tuple[str, str, str], str] = {
         "a host in maintenance creates its evacuation migrations; this scenario puts no host"
         " into maintenance"
     ),
+    ("infrastructure.cluster.x-k8s.io", "libvirtmachinemigrations", "delete"): (
+        "a host's maintenance deletes its evacuation migrations when it ends or retries one;"
+        " this scenario puts no host into maintenance"
+    ),
     ("infrastructure.cluster.x-k8s.io", "libvirtmachinemigrations", "patch"): (
         "the migration controller adds its finalizer; this scenario migrates nothing (live"
         " migration needs two real hosts: tests/multihost)"

@@ -3,16 +3,19 @@
 spec.hostName, else Machine.spec.failureDomain, else the reachable host with the most memory
 left (`plan_placement.choose_host`, after the memory committed to machines placed but not
 provisioned there, read from a cache index); control-plane machines only on
-`controlPlane: true` hosts. Nothing is written here: the reconciler records the choice with
-the identity (one spec patch) before the domain is created.
+`controlPlane: true` hosts; never a host in maintenance (`spec.hosts[].maintenance`, see
+`plan_placement.placeable_hosts`): a machine not created yet that is pinned to one waits.
+Nothing is written here: the reconciler records the choice with the identity (one spec
+patch) before the domain is created.
 
 Deletion finds the host again (`locate`): from the LibvirtCluster when it still exists, else
 from the placement annotation (host URI, pool, network, credentials Secret name) written
 with the identity — what a forced deletion or `clusterctl move` (no status) still has.
 
 Conditions left behind (DomainProvisioned, through `Problem`): `HostNotFound` (a named host
-or no control-plane host), `Unreachable` (no host answers), `CredentialsInvalid`,
-`InternalError` (an unreadable LibvirtCluster layout).
+that is not in the spec or is in maintenance, or no usable host: none allows control-plane
+machines, or all that would are in maintenance), `Unreachable` (no host answers),
+`CredentialsInvalid`, `InternalError` (an unreadable LibvirtCluster layout).
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ from capl.controllers.machine.plan_placement import (
     Placement,
     choose_host,
     committed_memory,
+    no_placeable_host,
+    pinned_refusal,
+    placeable_hosts,
 )
 from capl.controllers.machine.scope import Context, MachineScope, Problem
 from capl.controllers.machine.target import Target
@@ -88,16 +94,21 @@ async def place(scope: MachineScope) -> Target:
                     False,
                 )
             )
+        created = bool(lm.spec.domain_uuid or lm.spec.provider_id)
+        refusal = None if created else pinned_refusal(entry)
+        if refusal is not None:  # cordoned: only the machines created before stay there
+            raise Problem(Failure(c.Reason.HOST_NOT_FOUND, refusal, False))
         return target_of(scope.ctx, namespace, entry, lay, lcluster)
     control_plane = c.CONTROL_PLANE_LABEL in (machine.metadata.labels or {}) or (
         c.CONTROL_PLANE_LABEL in (lm.metadata.labels or {})
     )
-    entries = [h for h in lcluster.spec.hosts if h.control_plane or not control_plane]
+    hosts = lcluster.spec.hosts
+    entries = placeable_hosts(hosts, control_plane=control_plane)
     if not entries:
         raise Problem(
             Failure(
                 c.Reason.HOST_NOT_FOUND,
-                "no host of the LibvirtCluster allows control-plane machines",
+                no_placeable_host(hosts, control_plane=control_plane),
                 False,
             )
         )

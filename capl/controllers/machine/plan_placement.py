@@ -1,5 +1,10 @@
 """Pure decisions of placement: which host a new machine goes to, and where it went.
 
+- `placeable_hosts` / `pinned_refusal` / `no_placeable_host`: which of the LibvirtCluster's
+  hosts may take a new machine at all — control-plane machines only `controlPlane: true`
+  hosts, nobody a host in maintenance (`spec.hosts[].maintenance`: cordoned) — and what the
+  placement condition says when a pinned machine (spec.hostName or the Machine's failure
+  domain) names a cordoned host, or no host is left.
 - `choose_host`: the reachable candidate with the most memory left, after the memory of
   machines already placed there whose domains do not run yet (`committed_memory`,
   `pending_on_host`: keeps a burst of placements from all landing on the host that looked
@@ -18,16 +23,64 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from capl.api.cluster import LibvirtHost
+
 __all__ = [
     "PLACEMENT_ANNOTATION",
     "HostCandidate",
     "Placement",
     "choose_host",
     "committed_memory",
+    "cordoned_message",
+    "no_placeable_host",
     "pending_on_host",
+    "pinned_refusal",
+    "placeable_hosts",
 ]
 
 MIB: Final = 1024**2
+
+
+# --- which hosts may take a new machine ------------------------------------------------------
+
+
+def cordoned_message(host: LibvirtHost) -> str:
+    """Why nothing new goes to a host in maintenance."""
+    maintenance = host.maintenance
+    why = f" ({maintenance.reason})" if maintenance is not None and maintenance.reason else ""
+    return f"host {host.name} is in maintenance{why}: no new machine is placed there"
+
+
+def placeable_hosts(hosts: Sequence[LibvirtHost], *, control_plane: bool) -> list[LibvirtHost]:
+    """The hosts a new machine may be placed on, in spec order: not in maintenance, and for
+    a control-plane machine only `controlPlane: true` hosts."""
+    return [h for h in hosts if h.maintenance is None and (h.control_plane or not control_plane)]
+
+
+def pinned_refusal(host: LibvirtHost) -> str | None:
+    """Why a machine pinned to `host` (spec.hostName, or the Machine's failure domain) that
+    has not been created yet waits instead (None: it may go there)."""
+    if host.maintenance is None:
+        return None
+    return cordoned_message(host) + "; the machine waits until the maintenance ends"
+
+
+def no_placeable_host(hosts: Sequence[LibvirtHost], *, control_plane: bool) -> str:
+    """The placement message when `placeable_hosts` is empty."""
+    cordoned = [h for h in hosts if h.maintenance is not None]
+    if control_plane:
+        allowed = [h for h in hosts if h.control_plane]
+        if not allowed:
+            return "no host of the LibvirtCluster allows control-plane machines"
+        what = "control-plane host"
+        cordoned = [h for h in allowed if h.maintenance is not None]
+    else:
+        what = "host"
+    names = ", ".join(h.name for h in cordoned)
+    return (
+        f"no {what} of the LibvirtCluster can take a new machine: {names} "
+        f"{'is' if len(cordoned) == 1 else 'are'} in maintenance"
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
