@@ -39,9 +39,15 @@ LAST = "test_stop_leaves_nothing_behind_and_the_root_namespace_untouched"
 SYSTEM_URI = "qemu:///system"
 
 
+TEST_OBJECTS = "capl-"
+"""What capl's tests make on the machine's own libvirtd is named ``capl-...`` (networks, their
+XML files, domains): other sessions' tests (e2e, libvirtd) make and remove such objects while
+this stage runs, so the root view leaves them out."""
+
+
 @dataclass(frozen=True)
 class RootView:
-    """The machine's own libvirt, as seen from the root namespace."""
+    """The machine's own libvirt, as seen from the root namespace (tests' objects aside)."""
 
     libvirtd_pid: int | None
     networks: tuple[str, ...]
@@ -62,12 +68,18 @@ def root_view() -> RootView:
     )
     files = []
     for path in sorted(Path("/etc/libvirt").rglob("*")):
-        if path.is_file():
-            stat = path.stat()
-            files.append((str(path), stat.st_size, stat.st_mtime_ns))
+        if path.name.startswith(TEST_OBJECTS):
+            continue
+        try:
+            if path.is_file():
+                stat = path.stat()
+                files.append((str(path), stat.st_size, stat.st_mtime_ns))
+        except FileNotFoundError:  # another session's test removed it meanwhile
+            continue
+    networks = [n for n in listed.stdout.split() if not n.startswith(TEST_OBJECTS)]
     return RootView(
         libvirtd_pid=int(pid_text) if pid_text.isdigit() else None,
-        networks=tuple(sorted(listed.stdout.split())) if listed.returncode == 0 else ("?",),
+        networks=tuple(sorted(networks)) if listed.returncode == 0 else ("?",),
         etc_libvirt=tuple(files),
     )
 
