@@ -6,7 +6,11 @@
 #   hack/multihost.sh [start]   start it (a healthy bed: says so and changes nothing)
 #   hack/multihost.sh status    healthy (exit 0), unhealthy (1) or not running (3)
 #   hack/multihost.sh stop      remove everything it made: daemons (by PID), namespaces, veths,
-#                               bridge, the LAN's dnsmasq, its state directory
+#                               bridge, the LAN's dnsmasq, its state directory; refused while a
+#                               test session uses the bed (stop --force: stop it anyway)
+#
+# A bed started here stays until stopped here; one a test session started is stopped by the
+# last test session that uses it (capl/testbed/multihost_lock.py).
 #
 # State: /var/lib/capl-multihost (CAPL_MULTIHOST_DIR); capl's credentials for the hosts are
 # in its client/ directory.

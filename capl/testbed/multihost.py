@@ -31,6 +31,17 @@ files, then every other process in the bed's network namespaces (QEMU, libvirt's
 the holders), deletes the namespaces (their veths go with them), the LAN bridge, the LAN's
 dnsmasq (by its pid file) and the state directory: nothing is left. A start that fails
 stops what it made and raises `BedError` with the tail of the failing daemon's log.
+
+Sharing (one bed per machine, fixed names; `capl.testbed.multihost_lock`): ``<state>/owner``
+says who asked for the bed, ``hand`` (``make multihost-bed``, also when it asks for a bed that
+runs already) or ``tests`` (a test session). A test session goes through `use`: under the admin
+lock it starts the bed unless a healthy one runs, then holds the users lock shared until
+`BedUse.release`, which stops the bed only when ``owner`` is ``tests`` and no other session
+uses it — so a session never loses the bed to another one's teardown, and the last test
+session out leaves nothing. Nor is a bed rebuilt while another session uses it: unhealthy
+then (a test took a host's link down), `use` waits for it to be healthy again.
+``hack/multihost.sh stop`` refuses while a session uses the bed (``--force`` stops it
+anyway); `start` and `stop` themselves do not lock.
 """
 
 from __future__ import annotations
@@ -62,6 +73,7 @@ from capl.testbed.multihost_host import (
     write_server_pki,
     write_sshd_config,
 )
+from capl.testbed.multihost_lock import LOCK_WAIT, BedLocks
 from capl.testbed.multihost_net import (
     BedError,
     Lan,
@@ -74,7 +86,19 @@ from capl.testbed.multihost_net import (
     stop_pids,
 )
 
-__all__ = ["BedError", "BedHost", "MultihostBed", "load", "main", "start", "status", "stop"]
+__all__ = [
+    "BedError",
+    "BedHost",
+    "BedUse",
+    "MultihostBed",
+    "load",
+    "main",
+    "owner",
+    "start",
+    "status",
+    "stop",
+    "use",
+]
 
 STATE_ENV: Final = "CAPL_MULTIHOST_DIR"
 DEFAULT_STATE: Final = Path("/var/lib/capl-multihost")
@@ -85,6 +109,10 @@ GATEWAY: Final = f"{LAN_PREFIX}.1"
 DHCP_RANGE: Final = (f"{LAN_PREFIX}.100", f"{LAN_PREFIX}.200")
 HOST_BRIDGE: Final = "br-lan"
 MARKER: Final = ".capl-multihost"
+OWNER_FILE: Final = "owner"
+BY_HAND: Final = "hand"
+BY_TESTS: Final = "tests"
+_USE_POLL: Final = 1.0
 HOSTS: Final = (
     HostPlan(name="kvm1", index=1, transport="tls", lan_prefix=LAN_PREFIX),
     HostPlan(name="kvm2", index=2, transport="tls", lan_prefix=LAN_PREFIX),
@@ -288,11 +316,31 @@ def _preflight(root: Path) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)  # what hack/libvirt-host.sh creates too
 
 
-def start(root: Path | None = None, *, say: Any = print) -> tuple[MultihostBed, bool]:
-    """Start the bed unless a healthy one runs: (the bed, whether this call started it)."""
+def owner(root: Path | None = None) -> str | None:
+    """Who asked for the running bed: ``hand`` or ``tests`` (None: no bed). A bed that
+    says nothing (started before beds had owners) counts as started by hand."""
+    root = state_root(root)
+    try:
+        return (root / OWNER_FILE).read_text().strip() or BY_HAND
+    except OSError:
+        return BY_HAND if (root / "bed.json").exists() else None
+
+
+def _set_owner(root: Path, who: str) -> None:
+    (root / OWNER_FILE).write_text(f"{who}\n")
+
+
+def start(
+    root: Path | None = None, *, say: Any = print, by: str | None = None
+) -> tuple[MultihostBed, bool]:
+    """Start the bed unless a healthy one runs: (the bed, whether this call started it).
+    `by` (``hand`` or ``tests``) is recorded as its owner when it starts it; ``hand`` on a
+    running bed makes it the owner too (a person asked for it: no test session stops it)."""
     root = state_root(root)
     bed, problems = status(root)
     if bed is not None and not problems:
+        if by == BY_HAND:
+            _set_owner(root, BY_HAND)
         say(f"multi-host bed already running and healthy ({root}): nothing to do")
         return bed, False
     _preflight(root)
@@ -307,8 +355,69 @@ def start(root: Path | None = None, *, say: Any = print) -> tuple[MultihostBed, 
     except BaseException:
         stop(root, say=lambda _msg: None)
         raise
+    _set_owner(root, by or BY_HAND)
     say(f"multi-host bed up ({root})")
     return _describe(root), True
+
+
+@dataclass
+class BedUse:
+    """A test session's use of the bed (`use`), until `release`."""
+
+    bed: MultihostBed
+    started: bool
+    """Whether this session started the bed."""
+    locks: BedLocks = field(repr=False)
+    root: Path
+
+    def release(self, *, say: Any = print, within: float = LOCK_WAIT) -> bool:
+        """Stop using the bed; stop it too when test sessions own it and no other session
+        uses it. Whether this call stopped it (idempotent: False the second time)."""
+        if not self.locks.joined:
+            return False
+        with self.locks.admin(within=within):
+            self.locks.leave()
+            who = owner(self.root)
+            if who is None:
+                say(f"the multi-host bed was stopped already ({self.root})")
+                return False
+            if who != BY_TESTS:
+                say(f"multi-host bed left running: started by {who} ({self.root})")
+                return False
+            with self.locks.alone() as alone:
+                if not alone:
+                    say(f"multi-host bed left running: another session uses it ({self.root})")
+                    return False
+                stop(self.root, say=say)
+                return True
+
+
+def use(root: Path | None = None, *, say: Any = print, within: float = LOCK_WAIT) -> BedUse:
+    """The bed for a test session: started unless a healthy one runs, held until
+    `BedUse.release` (see the module docstring). A bed that is unhealthy while another
+    session uses it is not rebuilt under that session (its tests may have taken a host's
+    link down on purpose): this waits up to `within` seconds for it to be healthy again."""
+    root = state_root(root)
+    locks = BedLocks(root)
+    deadline = time.monotonic() + within
+    while True:
+        with locks.admin(within=max(deadline - time.monotonic(), 0.0)):
+            bed, problems = status(root)
+            if bed is None or not problems:
+                in_use = False
+            else:
+                with locks.alone() as alone:
+                    in_use = not alone
+            if not in_use:
+                bed, started = start(root, say=say, by=BY_TESTS)
+                locks.join()
+                return BedUse(bed=bed, started=started, locks=locks, root=root)
+        if time.monotonic() >= deadline:
+            raise BedError(
+                f"the multi-host bed is unhealthy ({'; '.join(problems)}) and another session "
+                f"uses it: not rebuilt under it; waited {within:g} s"
+            )
+        time.sleep(_USE_POLL)  # the other session's tests may bring it back
 
 
 def _build(root: Path) -> None:
@@ -378,19 +487,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("action", choices=("start", "stop", "status"))
     parser.add_argument(
+        "--force",
+        action="store_true",
+        help="stop, or rebuild an unhealthy bed on start, even while a test session uses it",
+    )
+    parser.add_argument(
         "--state-dir", type=Path, default=None, help=f"default ${STATE_ENV} or {DEFAULT_STATE}"
     )
     args = parser.parse_args(argv)
     t0 = time.monotonic()
     try:
+        root = state_root(args.state_dir)
+        locks = BedLocks(root)
         if args.action == "start":
-            bed, _ = start(args.state_dir)
+            with locks.admin():
+                found, problems = status(root)
+                if found is not None and problems and not args.force:
+                    with locks.alone() as alone:
+                        if not alone:
+                            raise BedError(
+                                f"the multi-host bed is unhealthy ({'; '.join(problems)}) and "
+                                "a test session uses it: not rebuilt under it (start --force "
+                                "rebuilds it anyway)"
+                            )
+                bed, _ = start(root, by=BY_HAND)
             _print_bed(bed)
         elif args.action == "stop":
-            if not stop(args.state_dir):
-                print("no multi-host bed: nothing to do")
+            with locks.admin(), locks.alone() as alone:
+                if not alone and not args.force:
+                    raise BedError(
+                        f"a test session uses the multi-host bed (it holds {locks.users_path} "
+                        "shared): stop --force stops it anyway"
+                    )
+                if not stop(root):
+                    print("no multi-host bed: nothing to do")
         else:
-            found, problems = status(args.state_dir)
+            found, problems = status(root)
             if found is None:
                 print("no multi-host bed running")
                 return 3
@@ -398,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"unhealthy: {problem}")
             if problems:
                 return 1
-            print("multi-host bed running and healthy")
+            print(f"multi-host bed running and healthy (started by {owner(root)})")
             _print_bed(found)
     except BedError as exc:
         print(f"error: {exc}", file=sys.stderr)

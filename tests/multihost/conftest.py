@@ -1,10 +1,12 @@
 """Fixtures of the multihost stage (tests/multihost): three real libvirt hosts on this
 machine (`capl.testbed.multihost`, ``make multihost-bed``), one bed for the whole stage.
 
-- `multihost_session` (session): starts the bed, or reuses one that runs and is healthy (a
-  developer's ``make multihost-bed``), and stops it at the end only if it started it. It
-  keeps what the root namespace looked like before (`RootView`: the system libvirtd's PID,
-  its networks, the files of /etc/libvirt) for the test that checks the bed never touched it.
+- `multihost_session` (session): the bed through `capl.testbed.multihost.use` — started, or
+  a healthy one reused (a developer's ``make multihost-bed``, another session's) — held
+  until the end, when `BedUse.release` stops it only if test sessions started it and no
+  other session uses it (a bed is never stopped under another session's tests). It keeps
+  what the root namespace looked like before (`RootView`: the system libvirtd's PID, its
+  networks, the files of /etc/libvirt) for the test that checks the bed never touched it.
 - `multihost_bed`: the `capl.testbed.multihost.MultihostBed` — per host its name, URI, LAN
   address and the data of the credentials Secret capl needs (``ca.crt``/``tls.crt``/
   ``tls.key`` for TLS, ``ssh-privatekey``/``known_hosts`` for ssh).
@@ -27,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from capl.testbed import multihost
-from capl.testbed.multihost import BedError, MultihostBed
+from capl.testbed.multihost import BedError, BedUse, MultihostBed
 from tests.fixtures.common import require_part
 from tests.fixtures.libvirt import record_timing
 
@@ -37,9 +39,15 @@ LAST = "test_stop_leaves_nothing_behind_and_the_root_namespace_untouched"
 SYSTEM_URI = "qemu:///system"
 
 
+TEST_OBJECTS = "capl-"
+"""What capl's tests make on the machine's own libvirtd is named ``capl-...`` (networks, their
+XML files, domains): other sessions' tests (e2e, libvirtd) make and remove such objects while
+this stage runs, so the root view leaves them out."""
+
+
 @dataclass(frozen=True)
 class RootView:
-    """The machine's own libvirt, as seen from the root namespace."""
+    """The machine's own libvirt, as seen from the root namespace (tests' objects aside)."""
 
     libvirtd_pid: int | None
     networks: tuple[str, ...]
@@ -60,12 +68,18 @@ def root_view() -> RootView:
     )
     files = []
     for path in sorted(Path("/etc/libvirt").rglob("*")):
-        if path.is_file():
-            stat = path.stat()
-            files.append((str(path), stat.st_size, stat.st_mtime_ns))
+        if path.name.startswith(TEST_OBJECTS):
+            continue
+        try:
+            if path.is_file():
+                stat = path.stat()
+                files.append((str(path), stat.st_size, stat.st_mtime_ns))
+        except FileNotFoundError:  # another session's test removed it meanwhile
+            continue
+    networks = [n for n in listed.stdout.split() if not n.startswith(TEST_OBJECTS)]
     return RootView(
         libvirtd_pid=int(pid_text) if pid_text.isdigit() else None,
-        networks=tuple(sorted(listed.stdout.split())) if listed.returncode == 0 else ("?",),
+        networks=tuple(sorted(networks)) if listed.returncode == 0 else ("?",),
         etc_libvirt=tuple(files),
     )
 
@@ -73,9 +87,14 @@ def root_view() -> RootView:
 @dataclass
 class BedSession:
     bed: MultihostBed
-    started: bool
-    """Whether this session started the bed (then it stops it at the end)."""
+    use: BedUse
+    """This session's hold on the bed (`release` at the end)."""
     before: RootView
+
+    @property
+    def started(self) -> bool:
+        """Whether this session started the bed."""
+        return self.use.started
 
 
 @pytest.fixture(scope="session")
@@ -85,17 +104,16 @@ def multihost_session() -> Iterator[BedSession]:
     before = root_view()
     t0 = time.monotonic()
     try:
-        bed, started = multihost.start(say=log.info)
+        use = multihost.use(say=log.info)
     except BedError as exc:
         pytest.fail(f"the multi-host bed did not start: {exc}", pytrace=False)
-    if started:
+    if use.started:
         record_timing("multihost: bed start", time.monotonic() - t0)
-    session = BedSession(bed=bed, started=started, before=before)
+    session = BedSession(bed=use.bed, use=use, before=before)
     try:
         yield session
     finally:
-        if session.started:
-            multihost.stop(say=log.info)
+        use.release(say=log.info)
 
 
 @pytest.fixture

@@ -8,10 +8,13 @@ namespaces of their own on one LAN, reached the way capl reaches remote hosts.
   migration needs), none the machine's own daemon's;
 - they reach each other and the LAN's gateway on the LAN; each has its own /etc/libvirt (the
   migration address of its qemu.conf is its LAN address) and sees the one shared directory;
-- `start` on the running bed changes nothing; `stop` (last in the stage, and only of a bed
-  this session started: a bed found running may be someone else's) leaves no namespace,
-  veth, bridge, process or state behind, and the machine's own libvirtd (its PID, its
-  networks, /etc/libvirt) is the same as before the bed started.
+- `start` on the running bed changes nothing; the stop at the end of a session (last in
+  the stage, and only of a bed test sessions started that no other session uses: a bed
+  found running may be someone else's) leaves no namespace, veth, bridge, process or state
+  behind, and the machine's own libvirtd (its PID, its networks, /etc/libvirt) is the same
+  as before the bed started;
+- while a session uses the bed, another's release leaves it running, and the command's
+  ``stop`` refuses without ``--force``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import re
 import secrets
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -140,18 +144,42 @@ def test_start_on_the_running_bed_changes_nothing(multihost_bed: MultihostBed) -
     assert [h.uri for h in bed.hosts] == [h.uri for h in multihost_bed.hosts]
 
 
+def test_a_bed_in_use_is_not_stopped_under_it(multihost_bed: MultihostBed) -> None:
+    before = _daemon_pids(multihost_bed)
+    other = multihost.use(say=lambda _line: None)  # a second session's hold on the bed
+    assert not other.started
+    said: list[str] = []
+    # this session (the fixture's hold) still uses the bed: the other's release keeps it
+    assert not other.release(say=said.append)
+    assert len(said) == 1
+    assert "another session uses it" in said[0] or "started by hand" in said[0]
+    assert not other.release(say=said.append)  # released once
+    refused = subprocess.run(
+        [sys.executable, "-m", "capl.testbed.multihost", "stop"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 1, refused.stdout
+    assert "a test session uses the multi-host bed" in refused.stderr
+    assert "--force" in refused.stderr
+    assert multihost.status() == (multihost_bed, [])
+    assert _daemon_pids(multihost_bed) == before
+
+
 def test_stop_leaves_nothing_behind_and_the_root_namespace_untouched(
     multihost_session: BedSession,
 ) -> None:
-    if not multihost_session.started:
-        pytest.skip("the bed was running before this session: it is not ours to stop")
     bed = multihost_session.bed
     pids = [pid for group in _bed_pids(bed).values() for pid in group]
     assert pids
+    said: list[str] = []
     started = time.monotonic()
-    multihost.stop(say=lambda _line: None)
+    if not multihost_session.use.release(say=said.append):
+        # started by hand, or another session uses it: not ours to stop
+        pytest.skip("; ".join(said))
     record_timing("multihost: bed stop", time.monotonic() - started)
-    multihost_session.started = False
     assert not [p for p in pids if pid_alive(p)]
     assert not [h.netns for h in bed.hosts if netns_exists(h.netns)]
     links = [bed.lan_bridge, *(f"capl-{h.name}" for h in bed.hosts)]

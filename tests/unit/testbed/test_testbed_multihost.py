@@ -18,6 +18,7 @@ from capl.testbed.multihost_host import (
     wait_until,
     write_libvirt_config,
 )
+from capl.testbed.multihost_lock import BedLocks
 from capl.testbed.multihost_net import BedError
 
 
@@ -82,3 +83,103 @@ def test_a_failed_start_shows_the_daemons_log_tail(tmp_path: Path) -> None:
     message = str(info.value)
     assert message.startswith("kvm1: libvirtd answers: the process exited")
     assert "cannot bind 10.231.0.11:16514" in message
+
+
+def test_admin_lock_is_exclusive_and_waits_with_a_deadline(tmp_path: Path) -> None:
+    root = tmp_path / "bed"
+    first, second = BedLocks(root), BedLocks(root)
+    with (
+        first.admin(),
+        pytest.raises(BedError, match="starting or stopping the multi-host bed"),
+        second.admin(within=0.3),
+    ):
+        pass
+    with second.admin(within=0.3):  # free again once the holder left
+        pass
+    assert first.admin_path.parent == tmp_path  # beside the state directory, not in it
+
+
+def test_users_lock_counts_every_session_but_none_twice(tmp_path: Path) -> None:
+    root = tmp_path / "bed"
+    a, b, c = BedLocks(root), BedLocks(root), BedLocks(root)
+    a.join()
+    a.join()  # idempotent
+    b.join()
+    with c.alone() as alone:
+        assert not alone
+    a.leave()
+    with c.alone() as alone:
+        assert not alone  # b still uses it
+    b.leave()
+    b.leave()  # idempotent
+    with c.alone() as alone:
+        assert alone
+        with pytest.raises(BedError, match="held exclusively"):
+            a.join()  # only under the admin lock, which the stopping session holds
+    a.join()
+    assert a.joined
+    a.leave()
+    assert not a.joined
+
+
+def test_owner_of_a_bed(tmp_path: Path) -> None:
+    root = tmp_path / "bed"
+    assert multihost.owner(root) is None
+    root.mkdir()
+    (root / multihost.OWNER_FILE).write_text("tests\n")
+    assert multihost.owner(root) == multihost.BY_TESTS
+
+
+def _fake_bed(root: Path) -> multihost.MultihostBed:
+    return multihost.MultihostBed(root=root, hosts=())
+
+
+def test_use_does_not_rebuild_a_bed_another_session_uses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "bed"
+    bed = _fake_bed(root)
+    health = [["kvm2: nothing listens on 10.231.0.12:16514"]] * 2 + [[]]
+    starts: list[list[str]] = []
+
+    def status(_root: Path | None = None) -> tuple[multihost.MultihostBed, list[str]]:
+        return bed, health[0]
+
+    def start(
+        _root: Path | None = None, *, say: object = None, by: str | None = None
+    ) -> tuple[multihost.MultihostBed, bool]:
+        starts.append(health[0])
+        return bed, False
+
+    def sleep(_seconds: float) -> None:  # the other session's test brings the link back
+        health.pop(0)
+
+    monkeypatch.setattr(multihost, "status", status)
+    monkeypatch.setattr(multihost, "start", start)
+    monkeypatch.setattr(multihost.time, "sleep", sleep)
+    other = BedLocks(root)
+    other.join()  # another session uses the bed
+    held = multihost.use(root, say=lambda _line: None, within=60)
+    assert starts == [[]]  # asked to start only once it was healthy again: nothing rebuilt
+    assert held.locks.joined
+    held.locks.leave()
+    other.leave()
+
+
+def test_use_gives_up_on_a_bed_unhealthy_under_another_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "bed"
+    bed = _fake_bed(root)
+    monkeypatch.setattr(multihost, "status", lambda _root=None: (bed, ["kvm1: libvirtd is dead"]))
+    monkeypatch.setattr(multihost.time, "sleep", lambda _seconds: None)
+
+    def start(*_args: object, **_kwargs: object) -> tuple[multihost.MultihostBed, bool]:
+        raise AssertionError("rebuilt under another session")
+
+    monkeypatch.setattr(multihost, "start", start)
+    other = BedLocks(root)
+    other.join()
+    with pytest.raises(BedError, match=r"unhealthy .*kvm1: libvirtd is dead.* another session"):
+        multihost.use(root, say=lambda _line: None, within=0.2)
+    other.leave()
