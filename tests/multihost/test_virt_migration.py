@@ -287,7 +287,9 @@ async def test_live_migration_with_storage_copy(moving_guest: MovingGuest) -> No
     migrations = LibvirtMigrations()
     kvm1, kvm2 = guest.hosts["kvm1"], guest.hosts["kvm2"]
     uptime_before = await _uptime(kvm1, guest.uuid)
-    request = guest.request("kvm2", MigrationOptions(copy_storage=True))
+    # capped so that the job outlasts a few of the adapter's 1 s progress polls (uncapped it
+    # ends in about 1 s on a quiet machine, sometimes before the first poll)
+    request = guest.request("kvm2", MigrationOptions(copy_storage=True, bandwidth_mib_per_s=32))
     prepared = await migrations.prepare(request)
     assert prepared.copy_storage
     assert prepared.disks == ("vda",)
