@@ -4,7 +4,8 @@ docs/benchmarks.md, from the JSON files the benchmarks wrote into bench/results/
 Inputs (each optional unless --require lists it): runtime.json (bench/runtime_toy.py),
 machines_testdriver.json (bench/machines_testdriver.py), scaleout.json, steady.json,
 scaling_curve.json (bench/scaling_curve.py, bench/scaleout.py, bench/steady.py),
-machines_realvm.json (bench/machines_realvm.py).
+machines_realvm.json (bench/machines_realvm.py), migration.json (bench/migration.py; its
+part of the report is bench/report_migration.py).
 
 summary.json is nested: one object per benchmark, so the figure called
 `scaleout.ratio_to_apiserver` is `summary["scaleout"]["ratio_to_apiserver"]` (jq:
@@ -18,12 +19,17 @@ measured against in the same run and its target:
     steady.rss_mb                     manager RSS with N Ready machines (< 250)
     steady.list_calls_after_start     LIST requests after start-up (0)
     realvm.ratio_to_virsh             capl / `virsh create` + lease, 3 TCG guests (<= 1.15)
+    migration.ratio_to_virsh          capl / hand preparation + `virsh migrate`, live with
+                                      storage copy between two hosts (<= 1.2; and
+                                      migration.capl_seconds, .virsh_seconds, .capl_downtime_ms,
+                                      .virsh_downtime_ms, .downtime_ratio)
 
 plus `targets_met` (figure -> bool) and the inputs' timestamps.
 
 Plots (PNG, matplotlib's Agg backend, into bench/results/): scaleout.png (throughput against
 the raw rate; the create-to-Ready distribution), steady.png (CPU, RSS, LIST against their
-targets), realvm.png (per round: capl against the baseline), scaling_curve.png (time and
+targets), realvm.png (per round: capl against the baseline), migration.png (per move: capl's
+phases against virsh's preparation + migrate; downtime), scaling_curve.png (time and
 memory against N, with the fitted lines), runtime.png (toy controller against raw patches).
 
 docs/benchmarks.md: the text between the `bench:results:begin` and `bench:results:end`
@@ -47,6 +53,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after matplotlib.use: the backend is chosen first
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import report_migration
+
 RESULTS = Path(__file__).resolve().parent / "results"
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 BEGIN = re.compile(r"<!-- bench:results:begin.*?-->", re.DOTALL)
@@ -58,6 +68,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "steady.rss_mb": ("<", 250.0),
     "steady.list_calls_after_start": ("==", 0.0),
     "realvm.ratio_to_virsh": ("<=", 1.15),
+    **report_migration.TARGETS,
 }
 REQUIRED = (
     "scaleout.ratio_to_apiserver",
@@ -67,6 +78,7 @@ REQUIRED = (
     "steady.rss_mb",
     "steady.list_calls_after_start",
     "realvm.ratio_to_virsh",
+    *report_migration.REQUIRED,
 )
 
 
@@ -128,6 +140,8 @@ def summarize(inputs: Mapping[str, dict[str, Any] | None]) -> dict[str, Any]:
             "capl_wall_s": r["capl_wall_s"],
             "virsh_wall_s": r["baseline_wall_s"],
         }
+    if (m := inputs.get("migration")) is not None:
+        summary["migration"] = report_migration.summarize(m)
     if (c := inputs.get("scaling_curve")) is not None:
         summary["scaling"] = {
             "sizes": [p["machines"] for p in c["points"]],
@@ -412,7 +426,9 @@ def results_section(
             f"(median of {_fmt(r.get('rounds'))} paired rounds)",
             "<= 1.15",
         ),
+        *report_migration.rows(summary.get("migration", {}), row, _fmt),
     ]
+    lines += report_migration.paragraph(summary.get("migration", {}), _fmt)
     if "scaling" in summary:
         sc = summary["scaling"]
         lines += [
@@ -473,6 +489,7 @@ CAPTIONS = {
     "scaling_curve": "Time to Ready and manager memory against the number of machines, with "
     "the least-squares line: linear growth keeps the points on it.",
     "runtime": "capl's controller runtime with a toy reconciler against raw status patches.",
+    "migration": report_migration.CAPTION,
 }
 
 
@@ -498,7 +515,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--no-docs", action="store_true", help="leave docs/benchmarks.md alone")
     args = parser.parse_args(argv)
-    names = ("runtime", "machines_testdriver", "scaleout", "steady", "machines_realvm")
+    names = ("runtime", "machines_testdriver", "scaleout", "steady", "machines_realvm", "migration")
     inputs = {name: load(name) for name in (*names, "scaling_curve")}
     summary = summarize(inputs)
     required = {g.strip() for g in args.require.split(",") if g.strip()}
@@ -511,6 +528,7 @@ def main(argv: list[str]) -> int:
         ("scaleout", plot_scaleout),
         ("steady", plot_steady),
         ("machines_realvm", plot_realvm),
+        ("migration", lambda m: report_migration.plot(m, plt, _save)),
         ("scaling_curve", plot_scaling),
         ("runtime", plot_runtime),
     ):

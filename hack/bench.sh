@@ -7,7 +7,13 @@
 # Every benchmark measures its limit in the same run (docs/benchmarks.md). A failing benchmark
 # does not stop the others; the report then names the missing figures and this script exits
 # non-zero. Knobs (environment): CAPL_BENCH_SIZES (default 100,300,1000),
-# CAPL_BENCH_STEADY (seconds, default 60), CAPL_BENCH_REALVM_ROUNDS (default 2).
+# CAPL_BENCH_STEADY (seconds, default 60), CAPL_BENCH_REALVM_ROUNDS (default 2),
+# CAPL_BENCH_MIGRATION_REPS (default 8), CAPL_BENCH_BED_LOCK_WAIT (seconds, default 600).
+#
+# The migration benchmark runs on the multi-host bed (one per machine, shared with whoever
+# runs tests/multihost): under `flock /tmp/capl-multihost.lock`, as every user of the bed
+# does; it starts a bed when there is none and stops it afterwards only if it started it and
+# no one else uses it (bench/migration_bed.py: the locks beside the bed's state directory).
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=hack/lib.sh
 . "$HERE/lib.sh"
@@ -28,11 +34,12 @@ mkdir -p bench/results
 rm -f bench/results/*.json bench/results/*.png
 
 failed=()
+# bench NAME COMMAND...: run one benchmark; a failure is recorded, not fatal
 bench() {
 	local name="$1"; shift
 	local t0=$SECONDS
 	note "benchmark $name"
-	if "$PY" "$@"; then
+	if "$@"; then
 		note "$name: $((SECONDS - t0)) s"
 	else
 		failed+=("$name")
@@ -40,15 +47,17 @@ bench() {
 	fi
 }
 
-bench runtime_toy bench/runtime_toy.py --objects 1000 --rounds 3
-bench machines_testdriver bench/machines_testdriver.py --machines 500
+bench runtime_toy "$PY" bench/runtime_toy.py --objects 1000 --rounds 3
+bench machines_testdriver "$PY" bench/machines_testdriver.py --machines 500
 # scale-out (largest size), steady state on its Ready machines, and the scaling curve
-bench scaling_curve bench/scaling_curve.py --sizes "${CAPL_BENCH_SIZES:-100,300,1000}" \
+bench scaling_curve "$PY" bench/scaling_curve.py --sizes "${CAPL_BENCH_SIZES:-100,300,1000}" \
 	--steady "${CAPL_BENCH_STEADY:-60}"
-bench machines_realvm bench/machines_realvm.py --vms 3 --rounds "${CAPL_BENCH_REALVM_ROUNDS:-2}"
+bench machines_realvm "$PY" bench/machines_realvm.py --vms 3 --rounds "${CAPL_BENCH_REALVM_ROUNDS:-2}"
+bench migration flock -w "${CAPL_BENCH_BED_LOCK_WAIT:-600}" /tmp/capl-multihost.lock \
+	"$PY" bench/migration.py --start-bed --reps "${CAPL_BENCH_MIGRATION_REPS:-8}"
 
 report=0
-"$PY" bench/report.py --require scaleout,steady,realvm,scaling || report=$?
+"$PY" bench/report.py --require scaleout,steady,realvm,scaling,migration || report=$?
 note "make bench: $((SECONDS - started)) s"
 if [ "${#failed[@]}" -gt 0 ] || [ "$report" -ne 0 ]; then
 	die "failed: ${failed[*]:-}${failed[*]:+; }report exit status $report"

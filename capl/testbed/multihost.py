@@ -168,6 +168,15 @@ class MultihostBed:
             raise BedError(f"host {name} of the multi-host bed is not running")
         return in_host(holder, list(argv))
 
+    def client_uri(self, name: str) -> str:
+        """Host `name`'s URI with the bed's client certificate as libvirt's ``pkipath`` URI
+        parameter (the ``client/pki`` files): what virsh or ``libvirt.open`` in the root
+        namespace connect with, as capl does with its credentials Secret. TLS hosts only."""
+        host = self.host(name)
+        if host.transport != "tls":
+            raise BedError(f"host {name} is reached over {host.transport}, not TLS")
+        return f"{host.uri}?pkipath={self.root / 'client' / 'pki'}"
+
     def leases(self) -> str:
         """The LAN dnsmasq's lease file (one line per lease: expiry, MAC, IP, name, id)."""
         path = self.root / "lan" / "leases"

@@ -139,6 +139,7 @@ async def test_init_installs_core_and_libvirt_providers_without_cert_manager(
             "libvirtclustertemplates",
             "libvirtmachines",
             "libvirtmachinetemplates",
+            "libvirtmachinemigrations",
         )
     }
     for crd in crds["items"]:
