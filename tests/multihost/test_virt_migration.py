@@ -284,7 +284,10 @@ async def test_same_host_is_refused_and_changes_nothing(moving_guest: MovingGues
 async def test_live_migration_with_storage_copy(moving_guest: MovingGuest) -> None:
     guest = moving_guest
     assert guest.on == "kvm1"
-    migrations = LibvirtMigrations()
+    # progress is polled every poll_interval while the job runs; this job is short (libvirt
+    # reports ~1 s) and with the default 1 s interval the first poll can come after it ended
+    # (seen: "no progress was reported"), so this test polls ten times as often
+    migrations = LibvirtMigrations(poll_interval=0.1)
     kvm1, kvm2 = guest.hosts["kvm1"], guest.hosts["kvm2"]
     uptime_before = await _uptime(kvm1, guest.uuid)
     # capped so that the job outlasts a few of the adapter's 1 s progress polls (uncapped it
