@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,11 +47,18 @@ async def bed(
         yield made
 
 
-async def create_cluster(bed: ManagerBed, lan: MultihostBed, name: str) -> BedCluster:
-    """Credentials Secrets, Cluster + LibvirtCluster in bridge mode on kvm1 and kvm2 with the
-    endpoint set; waits until capl provisioned it on both."""
+async def create_cluster(
+    bed: ManagerBed,
+    lan: MultihostBed,
+    name: str,
+    *,
+    on: Sequence[str] = HOSTS,
+    endpoint: str = ENDPOINT,
+) -> BedCluster:
+    """Credentials Secrets, Cluster + LibvirtCluster in bridge mode on the hosts `on` (default
+    kvm1 and kvm2) with the endpoint set; waits until capl provisioned it on all of them."""
     hosts = []
-    for host_name in HOSTS:
+    for host_name in on:
         bed_host = lan.host(host_name)
         await bed.secret(f"{host_name}-credentials", bed_host.credentials)
         hosts.append(
@@ -77,14 +84,14 @@ async def create_cluster(bed: ManagerBed, lan: MultihostBed, name: str) -> BedCl
         mode="bridge",
         bridge=lan.host_bridge,
     )
-    lc["spec"]["controlPlaneEndpoint"] = {"host": ENDPOINT, "port": 6443}
+    lc["spec"]["controlPlaneEndpoint"] = {"host": endpoint, "port": 6443}
     await bed.create(LIBVIRT_CLUSTER, lc)
     cluster.libvirt_cluster = await bed.wait_for(
         LIBVIRT_CLUSTER,
         name,
         lambda o: bool(((o.get("status") or {}).get("initialization") or {}).get("provisioned")),
         within=120,
-        what="provisioned on kvm1 and kvm2",
+        what=f"provisioned on {' and '.join(on)}",
     )
     await bed.patch_status(
         CLUSTER, name, {"status": {"initialization": {"infrastructureProvisioned": True}}}

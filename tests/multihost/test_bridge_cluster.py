@@ -30,19 +30,20 @@ from xml.etree import ElementTree
 import libvirt
 import pytest
 
-from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, LIBVIRT_MACHINE
+from capl.runtime.resources import LIBVIRT_MACHINE
 from capl.testbed import ControlPlane
 from capl.testbed.multihost import BedHost, MultihostBed
-from capl.testing.objects import cluster_obj, create_machine_objects, libvirt_cluster_obj
+from capl.testing.objects import create_machine_objects
 from capl.virt import LibvirtHost, LibvirtHosts
 from capl.virt.domainxml import GUEST_AGENT_CHANNEL
 from tests.e2e.harness import internal_ip
-from tests.fixtures.bed import BedCluster, Host, ManagerBed, bed_for
+from tests.fixtures.bed import BedCluster, ManagerBed, bed_for
 from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import eventually
 from tests.fixtures.libvirt import record_timing
 from tests.fixtures.libvirt_direct import open_libvirt
 from tests.multihost.guest import run_in_guest
+from tests.multihost.machines import create_cluster
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
 
@@ -70,48 +71,8 @@ def guest_spec(image: Path, host: str) -> dict[str, object]:
 
 
 async def create_bridge_cluster(bed: ManagerBed, lan: MultihostBed, name: str) -> BedCluster:
-    """Credentials Secrets, Cluster + LibvirtCluster in bridge mode with the endpoint set;
-    waits until capl provisioned it on both hosts."""
-    hosts = []
-    for host_name in sorted(set(ON.values())):
-        bed_host = lan.host(host_name)
-        await bed.secret(f"{host_name}-credentials", bed_host.credentials)
-        hosts.append(
-            Host(
-                name=host_name,
-                uri=bed_host.uri,
-                direct_uri=bed_host.local_uri,
-                credentials_secret=f"{host_name}-credentials",
-            )
-        )
-    cluster = BedCluster(
-        name=name, namespace=bed.namespace, hosts=hosts, cidr=f"{lan.gateway}/24", dns_domain=None
-    )
-    bed.clusters.append(cluster)
-    cluster.cluster = await bed.create(
-        CLUSTER, cluster_obj(name, bed.namespace, libvirt_cluster=name)
-    )
-    lc = libvirt_cluster_obj(
-        name,
-        bed.namespace,
-        cluster=cluster.cluster,
-        hosts=[h.entry() for h in hosts],
-        mode="bridge",
-        bridge=lan.host_bridge,
-    )
-    lc["spec"]["controlPlaneEndpoint"] = {"host": ENDPOINT, "port": 6443}
-    await bed.create(LIBVIRT_CLUSTER, lc)
-    cluster.libvirt_cluster = await bed.wait_for(
-        LIBVIRT_CLUSTER,
-        name,
-        lambda o: bool(((o.get("status") or {}).get("initialization") or {}).get("provisioned")),
-        within=120,
-        what="provisioned on kvm1 and kvm3",
-    )
-    await bed.patch_status(
-        CLUSTER, name, {"status": {"initialization": {"infrastructureProvisioned": True}}}
-    )
-    return cluster
+    """The bridge-mode cluster on the hosts of `ON` with the VIP as its endpoint."""
+    return await create_cluster(bed, lan, name, on=sorted(set(ON.values())), endpoint=ENDPOINT)
 
 
 def agent_channel_state(lan: MultihostBed, host: str, uuid: str) -> str:
