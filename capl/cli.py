@@ -147,6 +147,20 @@ def _add_timeouts(p: argparse.ArgumentParser) -> None:
         "show the bootstrap success file this long after the domain started (20m)",
     )
     p.add_argument(
+        "--orphan-sweep-interval",
+        type=parse_duration,
+        default=60.0,
+        help="sweep the hosts for domains of LibvirtMachines that no longer exist this "
+        "often, 0 disables (60s)",
+    )
+    p.add_argument(
+        "--orphan-grace",
+        type=parse_duration,
+        default=30.0,
+        help="remove an orphaned domain only once two consecutive sweeps reported it and it "
+        "was first seen at least this long ago (30s)",
+    )
+    p.add_argument(
         "--cluster-health-interval",
         type=parse_duration,
         default=60.0,

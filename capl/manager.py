@@ -171,6 +171,8 @@ def options_from_args(args: argparse.Namespace) -> ProviderOptions:
         log_format=args.log_format,
         machine=libvirtmachine.MachineOptions(
             shutdown_timeout=args.machine_shutdown_timeout,
+            orphan_sweep_interval=args.orphan_sweep_interval,
+            orphan_grace=args.orphan_grace,
             bootstrap=BootstrapOptions(timeout=args.bootstrap_timeout),
         ),
         cluster=libvirtcluster.LibvirtClusterOptions(
