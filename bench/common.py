@@ -10,11 +10,12 @@ tests/ (an import-linter contract).
 
 - `Bed` (async context manager): the control plane with the project's CRDs and the Cluster
   API Cluster/Machine CRDs (reduced to v1beta2 as for tests/controllers), an audit log of
-  exactly two users — the manager (`MANAGER_USER`) and the raw-rate writer (`RAW_USER`), both
-  with client certificates of their own, in group system:masters (RBAC is not what is
-  measured here; tests/security/test_rbac_audit.py checks the real role) — so both sides of a
-  comparison pay the same audit cost, while the benchmark's own bulk creates and watches are
-  not logged.
+  exactly two users — the manager (`MANAGER_USER`, the manager identity of
+  `capl.testbed.identities`: bound to exactly config/rbac's ClusterRole, as deployed) and the
+  raw-rate writer (`RAW_USER`, in group system:masters), both with client certificates of
+  their own — so both sides of a comparison pay the same audit cost, while the benchmark's
+  own bulk creates and watches are not logged. A request of the manager refused by its role
+  fails the benchmark (`Bed` checks the audit log on exit).
 - `Bed.raw_replay(cluster)`: the limit — the same API writes the manager made for the
   cluster's machines, replayed without capl by one tight loop and by `concurrency` loops
   (bench/machines_testdriver.py's `raw_api_writes`), as the raw user, on the same server.
@@ -69,7 +70,7 @@ from capl.runtime.resources import (
     SECRET,
 )
 from capl.runtime.resources import NAMESPACE as NAMESPACES
-from capl.testbed import AssetsMissing, ControlPlane, find_assets
+from capl.testbed import AssetsMissing, ControlPlane, find_assets, identities
 from capl.testbed.capibuild import CapiMissing
 from capl.testbed.caplmanager import CaplManager
 from capl.testing.crds import CRD_DIR, capi_crd_dir, write_reduced_crds
@@ -87,7 +88,7 @@ from capl.testing.objects import (
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TEST_DRIVER = "test+unix:///default"
-MANAGER_USER = "capl-bench-manager"
+MANAGER_USER = identities.MANAGER_USER
 RAW_USER = "capl-bench-raw"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
@@ -439,6 +440,9 @@ class Bed:
         finally:
             if self._holder is not None:
                 self._holder.close()
+        refused = identities.refused_requests()
+        if refused and exc is None:
+            raise RuntimeError("the manager's role refused:\n" + "\n".join(refused))
 
     @property
     def admin(self) -> KubeClient:
@@ -492,7 +496,7 @@ class Bed:
     async def start_manager(
         self, namespace: str, *, concurrency: int = 10, extra_args: Sequence[str] = ()
     ) -> CaplManager:
-        kubeconfig = self.plane.add_user(MANAGER_USER, groups=["system:masters"])
+        kubeconfig = await identities.manager_kubeconfig(self.plane)
         manager = CaplManager(
             plane=self.plane,
             workdir=self.workdir / f"manager-{namespace}",

@@ -68,6 +68,7 @@ from capl.runtime.logging import configure_logging
 from capl.runtime.objects import Obj
 from capl.runtime.resources import LIBVIRT_MACHINE, NAMESPACE
 from capl.testbed import ControlPlane
+from capl.testbed.identities import MANAGER_AUDIT_POLICY, manager_kubeconfig, refused_requests
 from capl.testing.crds import CRD_DIR, capi_crd_dir, write_reduced_crds
 from capl.testing.harness import ClusterObjects, ControllerHarness
 from capl.testing.objects import is_ready, random_mac
@@ -322,12 +323,18 @@ async def main(argv: list[str]) -> int:
     configure_logging(level="warning", format="console")
     image = _guest_image()
     rounds: list[dict[str, Any]] = []
-    async with ControlPlane() as plane:
+    audit_dir = tempfile.TemporaryDirectory(prefix="capl-bench-audit-")
+    # the manager runs as deployed (config/rbac's roles); its refusals are in this log
+    plane = ControlPlane(
+        audit_log=Path(audit_dir.name) / "audit.log", audit_policy=MANAGER_AUDIT_POLICY
+    )
+    async with plane:
         await plane.install_crds(CRD_DIR)
         with tempfile.TemporaryDirectory() as tmp:
             write_reduced_crds(capi_crd_dir(), Path(tmp))
             await plane.install_crds(Path(tmp))
-        client = await KubeClient.connect(str(plane.kubeconfig), track_objects=True)
+        manager_config = await manager_kubeconfig(plane)
+        client = await KubeClient.connect(str(manager_config), track_objects=True)
         api = await KubeClient.connect(str(plane.kubeconfig))
         hosts = LibvirtHosts()
         await api.resource(NAMESPACE).create({"metadata": {"name": NS}})
@@ -368,6 +375,10 @@ async def main(argv: list[str]) -> int:
             await hosts.close()
             await client.close()
             await api.close()
+    refused = refused_requests()
+    audit_dir.cleanup()
+    if refused:
+        raise RuntimeError("the manager's role refused:\n" + "\n".join(refused))
     paired = [r["capl"]["wall_s"] / r["baseline"]["wall_s"] for r in rounds]
     base_wall = statistics.median(r["baseline"]["wall_s"] for r in rounds)
     capl_wall = statistics.median(r["capl"]["wall_s"] for r in rounds)

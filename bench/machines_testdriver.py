@@ -91,6 +91,7 @@ from capl.runtime.resources import (
     SECRET,
 )
 from capl.testbed import ControlPlane
+from capl.testbed.identities import MANAGER_AUDIT_POLICY, manager_kubeconfig, refused_requests
 from capl.testing.crds import CRD_DIR, capi_crd_dir, write_reduced_crds
 from capl.testing.harness import TEST_DRIVER, ControllerHarness, gather_limited
 from capl.testing.objects import (
@@ -421,7 +422,8 @@ async def run_round(
     plane: ControlPlane, *, n: int, concurrency: int, uri: str, index: int, workdir: Path
 ) -> dict[str, Any]:
     namespace = f"bench-{index}"
-    client = await KubeClient.connect(str(plane.kubeconfig), track_objects=True)
+    manager_config = await manager_kubeconfig(plane)  # as deployed: config/rbac's roles
+    client = await KubeClient.connect(str(manager_config), track_objects=True)
     api = await KubeClient.connect(str(plane.kubeconfig))
     hosts = LibvirtHosts()
     holder = libvirt.open(uri)  # keeps a libvirtd-hosted test driver's state alive
@@ -608,9 +610,11 @@ async def main(argv: list[str]) -> int:
     configure_logging(level="warning", format="console")
     n = args.machines
     rounds: list[dict[str, Any]] = []
-    async with ControlPlane() as plane:
-        await plane.install_crds(CRD_DIR)
-        with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
+        # the manager runs as deployed (config/rbac's roles); its refusals are in this log
+        audit = Path(tmp) / "audit.log"
+        async with ControlPlane(audit_log=audit, audit_policy=MANAGER_AUDIT_POLICY) as plane:
+            await plane.install_crds(CRD_DIR)
             write_reduced_crds(capi_crd_dir(), Path(tmp))
             await plane.install_crds(Path(tmp))
             admin = await KubeClient.connect(str(plane.kubeconfig))
@@ -637,6 +641,9 @@ async def main(argv: list[str]) -> int:
                 result.update(_ratios(result))
                 rounds.append(result)
                 print(_line(index + 1, result), flush=True)
+        refused = refused_requests()
+        if refused:
+            raise RuntimeError("the manager's role refused:\n" + "\n".join(refused))
     keys = [k for k in rounds[0] if isinstance(rounds[0][k], int | float)]
     summary: dict[str, Any] = {
         "benchmark": "machines_testdriver",

@@ -77,6 +77,7 @@ from capl.runtime.resources import NAMESPACE
 from capl.testbed import AssetsMissing, ControlPlane, ManagedProcess, find_assets
 from capl.testbed.capibuild import CapiMissing
 from capl.testbed.caplmanager import CaplManager
+from capl.testbed.identities import MANAGER_AUDIT_POLICY, refused_requests
 from capl.testbed.multihost import MultihostBed
 from capl.testing.crds import CRD_DIR, capi_crd_dir, write_reduced_crds
 from capl.virt import LibvirtHosts
@@ -146,7 +147,9 @@ async def measure(bed: MultihostBed, image: Path, args: argparse.Namespace) -> d
     """Set up, measure (within ``--budget`` seconds), clean up whatever happened."""
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="capl-bench-migration-") as tmp:
-        async with ControlPlane() as plane:
+        # the manager runs as deployed (config/rbac's roles); its refusals are in the log
+        plane = ControlPlane(audit_log=Path(tmp) / "audit.log", audit_policy=MANAGER_AUDIT_POLICY)
+        async with plane:
             await plane.install_crds(CRD_DIR)
             write_reduced_crds(capi_crd_dir(), Path(tmp) / "capi")
             await plane.install_crds(Path(tmp) / "capi")
@@ -178,6 +181,9 @@ async def measure(bed: MultihostBed, image: Path, args: argparse.Namespace) -> d
                 t_teardown = time.perf_counter()
                 await run.clean_up()
                 await api.close()
+        refused = refused_requests()
+        if refused:
+            raise RuntimeError("the manager's role refused:\n" + "\n".join(refused))
     return measured | {
         "teardown_s": round(time.perf_counter() - t_teardown, 2),
         "total_s": round(time.perf_counter() - t_start, 2),

@@ -18,6 +18,10 @@ wait are `capl.testbed.localmanager.LocalManager`'s, shared with the Cluster API
 - its output (JSON log lines) is appended across restarts to `log_path`, which is kept
   after the test: the security tests grep it for leaked secrets.
 
+Identity: as deployed, never an administrator — by default the control plane's manager
+identity (`capl.testbed.identities`: clusterctl's ServiceAccount with a token, or a user
+bound to config/rbac's ClusterRole and leader-election Role), minted once per control plane.
+
 Lifecycle: `start()` (process + readiness), `stop()` (SIGTERM, SIGKILL after the grace
 period), `kill()` (SIGKILL: a crash), `restart()`. Leader election is off unless
 `leader_elect=True` (then the Lease is in `leader_election_namespace`).
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from capl.testbed.controlplane import ControlPlane, ControlPlaneError
+from capl.testbed.identities import manager_identity
 from capl.testbed.localmanager import LocalManager
 from capl.testbed.manifests import point_provider_webhooks
 
@@ -90,7 +95,10 @@ class CaplManager(LocalManager):
     ) -> None:
         """Configure; nothing runs until `start()`.
 
-        kubeconfig: default the plane's admin kubeconfig.
+        kubeconfig: default the manager identity of the plane
+            (`capl.testbed.identities.manager_identity`: clusterctl's ServiceAccount where
+            clusterctl installed capl, else a user bound to config/rbac's generated roles),
+            minted at the first `start()`; never the admin kubeconfig.
         webhooks: serve capl's admission webhooks (call `install_webhooks()` to route the
             control plane's webhook configurations to them); False passes --webhook-port=0.
         extra_args: more `capl manager` flags (e.g. --machine-shutdown-timeout=20s).
@@ -104,7 +112,8 @@ class CaplManager(LocalManager):
             ready_timeout=ready_timeout,
             stop_grace=stop_grace,
         )
-        self.kubeconfig = kubeconfig if kubeconfig is not None else plane.kubeconfig
+        self._kubeconfig = kubeconfig
+        self._own_identity = kubeconfig is None
         self.webhooks = webhooks
         self.leader_elect = leader_elect
         self.leader_election_namespace = leader_election_namespace
@@ -113,6 +122,20 @@ class CaplManager(LocalManager):
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
         self.webhooks_installed = False
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The kubeconfig the process runs with (the minted identity's once started)."""
+        if self._kubeconfig is None:
+            raise CaplManagerError("the manager's identity is minted by start()")
+        return self._kubeconfig
+
+    @property
+    def lease_namespace(self) -> str | None:
+        """Where its leader-election Lease is (None: no leader election)."""
+        if not self.leader_elect:
+            return None
+        return self.leader_election_namespace or "default"
 
     @property
     def cwd(self) -> Path:
@@ -177,6 +200,9 @@ class CaplManager(LocalManager):
 
     async def start(self) -> None:
         """Start the process (same ports and certificates as before) and wait until ready."""
+        if self._own_identity:  # cached per control plane; binds a new lease namespace
+            identity = await manager_identity(self.plane, lease_namespace=self.lease_namespace)
+            self._kubeconfig = identity.kubeconfig
         await self.launch()
 
     def log_records(self) -> list[dict[str, Any]]:

@@ -6,8 +6,10 @@ kube-apiserver (a `capl.testbed.ControlPlane` with the project's and the reduced
 CRDs of `capl.testing.crds`), `capl.virt.LibvirtHosts` against a libvirt test driver or a
 real libvirtd, `capl.kube.workload` for workload clusters. Nothing is faked.
 
-- `new_harness(kubeconfig, namespace)` / `close_harness(h)`: one with clients of its own,
-  and everything it opened closed again (the pytest fixture `harness` is these two).
+- `new_harness(kubeconfig, namespace, manager_kubeconfig=...)` / `close_harness(h)`: one
+  with clients of its own, and everything it opened closed again (the pytest fixture
+  `harness` is these two). The manager's client runs as deployed: with the identity bound
+  to config/rbac's roles (`capl.testbed.identities`), never the admin's.
 - `await h.start(setup, ...)`: build the Deps and call each `setup(manager, deps)` (the
   controllers' `setup` functions, e.g. `functools.partial(libvirtmachine.setup,
   options=...)`), run the manager, wait until it leads and its informers synced.
@@ -436,11 +438,17 @@ class ControllerHarness:
 
 
 async def new_harness(
-    kubeconfig: Path, namespace: str, *, hosts: LibvirtHosts | None = None
+    kubeconfig: Path,
+    namespace: str,
+    *,
+    manager_kubeconfig: Path,
+    hosts: LibvirtHosts | None = None,
 ) -> ControllerHarness:
-    """A harness in `namespace` with two clients of its own (the manager's, counting requests
-    per object, and the caller's), not started."""
-    client = await KubeClient.connect(str(kubeconfig), track_objects=True)
+    """A harness in `namespace` with two clients of its own, not started: the manager's
+    (`manager_kubeconfig`: the identity the manager is deployed with, e.g.
+    `capl.testbed.identities.manager_kubeconfig(plane)`; counting requests per object) and
+    the caller's (`kubeconfig`, e.g. the admin's)."""
+    client = await KubeClient.connect(str(manager_kubeconfig), track_objects=True)
     api = await KubeClient.connect(str(kubeconfig))
     return ControllerHarness(
         client=client, api=api, hosts=hosts or LibvirtHosts(), namespace=namespace

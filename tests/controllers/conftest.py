@@ -8,6 +8,8 @@ tests/libvirtd), `capl.kube.workload` for workload clusters. Nothing is faked.
 Fixture (besides `capi_crds` from tests/fixtures/objects.py)
 - `harness`: a `ControllerHarness` in the test's `namespace`, not started; stopped (and the
   libvirt resources it prepared removed) after the test (also imported by tests/libvirtd).
+  Its manager runs as deployed: as the control plane's manager identity, bound to exactly
+  config/rbac's roles (`capl.testbed.identities`); `h.api` is the admin's.
 
 Helpers reading what the controllers left behind: `leftovers` (a machine's domains, volumes,
 DHCP and DNS entries on a host), `events_of` (the Events about an object), `domain_owner`
@@ -30,6 +32,7 @@ from capl.ports.virt import DomainOwner
 from capl.runtime.objects import Obj
 from capl.runtime.resources import EVENT
 from capl.testbed import ControlPlane
+from capl.testbed.identities import manager_kubeconfig
 from capl.testing.harness import (
     TEST_DRIVER,
     ClusterObjects,
@@ -102,7 +105,11 @@ def network_of(obj: Obj) -> ipaddress.IPv4Network:
 async def harness(
     control_plane: ControlPlane, capi_crds: list[str], namespace: str
 ) -> AsyncIterator[ControllerHarness]:
-    h = await new_harness(control_plane.kubeconfig, namespace)
+    h = await new_harness(
+        control_plane.kubeconfig,
+        namespace,
+        manager_kubeconfig=await manager_kubeconfig(control_plane),
+    )
     try:
         yield h
     finally:

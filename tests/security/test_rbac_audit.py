@@ -1,17 +1,22 @@
 """RBAC: the manager's ClusterRole grants exactly what the manager uses.
 
-A control plane of its own (kube-apiserver with RBAC and an audit log of one user's requests)
-runs the real `capl manager` process as that user: a client certificate minted for it
-(`ControlPlane.add_user`), bound to exactly the generated config/rbac/role.yaml (ClusterRole
-`manager-role`) and config/rbac/leader_election_role.yaml (Role in the leader-election
-namespace) — no system:masters. The manager runs as deployed: all namespaces, leader
-election on, its admission webhooks serving the generated webhook configurations.
+A control plane of its own (kube-apiserver with RBAC and an audit log of the managers'
+requests) runs the real `capl manager` process as every test runs it: as the plane's manager
+identity (`capl.testbed.identities`: the user `capl-manager`, a client certificate, bound to
+exactly the generated config/rbac/role.yaml (ClusterRole `manager-role`) and
+config/rbac/leader_election_role.yaml (Role in the leader-election namespace) — no
+system:masters). The manager runs as deployed: all namespaces, leader election on, its
+admission webhooks serving the generated webhook configurations.
 
-The scenario: a credentials Secret (TLS host through the private TLS libvirtd, so the manager
-reads the Secret and adds its owner reference), a Cluster + LibvirtCluster (network and pool
-created by the manager), machines with cloud-config and Ignition bootstrap Secrets plus one
-with invalid bootstrap data (condition + Warning event), all Ready, then everything deleted
-(finalizers removed by the manager), then SIGTERM (leader lease released).
+The scenario covers every request path: a credentials Secret (TLS host through the private
+TLS libvirtd, so the manager reads the Secret and adds its owner reference), a Cluster +
+LibvirtCluster (network and pool created by the manager), machines with cloud-config and
+Ignition bootstrap Secrets plus one with invalid bootstrap data (condition + Warning event),
+all Ready; then, with the manager stopped (Lease released), one LibvirtMachine loses its
+finalizer and is deleted: the restarted manager (Lease taken again) finds its domain in an
+orphan sweep, confirms with a live GET that the object is gone, and removes the domain from a
+reconcile of its key (the vanished-object cleanup, another live GET) with a Warning event;
+then everything deleted (finalizers removed by the manager), then SIGTERM.
 
 Proven:
 - the role is sufficient: the scenario converges and no request of the manager's user was
@@ -24,7 +29,6 @@ Proven:
 
 from __future__ import annotations
 
-import json
 import secrets
 import tempfile
 from collections.abc import AsyncIterator
@@ -36,25 +40,33 @@ import pytest
 import yaml
 
 from capl.api import constants as c
+from capl.controllers.machine.cleanup import ORPHAN_REMOVED_REASON
 from capl.kube import KubeClient
-from capl.runtime.resources import NAMESPACE, SECRET
+from capl.runtime.resources import LIBVIRT_MACHINE, NAMESPACE, SECRET
 from capl.testbed import AssetsMissing, ControlPlane, find_assets
+from capl.testbed.caplmanager import CaplManager
+from capl.testbed.identities import (
+    LEADER_ELECTION_ROLE_FILE,
+    MANAGER_AUDIT_POLICY,
+    MANAGER_USER,
+    ROLE_FILE,
+    manager_identity,
+)
 from capl.testing.crds import CRD_DIR
 from capl.testing.objects import libvirt_machine_spec
 from tests.fixtures.bed import Host
 from tests.fixtures.capl import CaplManagerFactory
-from tests.fixtures.common import require_part
+from tests.fixtures.common import eventually, require_part
 from tests.fixtures.libvirt import ignition_config
 from tests.fixtures.objects import install_capi_crds
 from tests.fixtures.transports import TlsLibvirtd
-from tests.security.bed import REPO, WEBHOOK_MANIFESTS, SecurityBed
+from tests.security.bed import WEBHOOK_MANIFESTS, SecurityBed
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd]
 
-MANAGER_USER = "capl-rbac-manager"
 LEASE_NAMESPACE = "capl-system"
-ROLE = REPO / "config" / "rbac" / "role.yaml"
-LEADER_ELECTION_ROLE = REPO / "config" / "rbac" / "leader_election_role.yaml"
+# the orphan sweep every second, an orphan removed at the second sweep that reports it
+SWEEP = ["--orphan-sweep-interval=1s", "--orphan-grace=0s"]
 
 # (apiGroup, resource, verb) granted but not reached by this scenario, with the reason.
 NOT_EXERCISED: dict[tuple[str, str, str], str] = {
@@ -135,40 +147,6 @@ def load_rules(path: Path, *, namespace: str | None = None) -> list[Rule]:
     ]
 
 
-def rbac_objects(user: str) -> list[dict[str, Any]]:
-    """The generated roles, unchanged but for the Role's namespace, bound to `user`."""
-    cluster_role = next(d for d in yaml.safe_load_all(ROLE.read_text()) if d)
-    role = next(d for d in yaml.safe_load_all(LEADER_ELECTION_ROLE.read_text()) if d)
-    role["metadata"]["namespace"] = LEASE_NAMESPACE
-    subject = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
-    return [
-        cluster_role,
-        role,
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": "capl-manager-rolebinding"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": cluster_role["metadata"]["name"],
-            },
-            "subjects": subject,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "capl-leader-election-rolebinding", "namespace": LEASE_NAMESPACE},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": role["metadata"]["name"],
-            },
-            "subjects": subject,
-        },
-    ]
-
-
 @pytest.fixture(scope="module")
 async def rbac_plane(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ControlPlane]:
     try:
@@ -180,12 +158,7 @@ async def rbac_plane(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
     plane = ControlPlane(
         assets=assets,
         audit_log=workdir / "audit.log",
-        audit_policy={
-            "apiVersion": "audit.k8s.io/v1",
-            "kind": "Policy",
-            "omitStages": ["RequestReceived"],
-            "rules": [{"level": "Metadata", "users": [MANAGER_USER]}, {"level": "None"}],
-        },
+        audit_policy=MANAGER_AUDIT_POLICY,
     )
     try:
         await plane.start()
@@ -197,12 +170,14 @@ async def rbac_plane(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
         await plane.stop()
 
 
-def manager_calls(events: list[dict[str, Any]]) -> tuple[set[tuple[Call, str | None]], list[str]]:
+def manager_calls(
+    events: list[dict[str, Any]], user: str
+) -> tuple[set[tuple[Call, str | None]], list[str]]:
     """(Call, namespace) of every request of the manager's user, and the refused ones."""
     calls: set[tuple[Call, str | None]] = set()
     refused: list[str] = []
     for event in events:
-        if (event.get("user") or {}).get("username") != MANAGER_USER:
+        if (event.get("user") or {}).get("username") != user:
             continue
         ref = event.get("objectRef") or {}
         if not ref.get("resource"):  # non-resource URLs (none expected)
@@ -223,6 +198,36 @@ def manager_calls(events: list[dict[str, Any]]) -> tuple[set[tuple[Call, str | N
     return calls, sorted(set(refused))
 
 
+async def orphan_removed(
+    bed: SecurityBed, manager: CaplManager, cluster: str, machine: str
+) -> None:
+    """The orphan sweep and the vanished-object cleanup under the role: with the manager
+    stopped, `machine`'s LibvirtMachine loses its finalizer and is deleted (its domain stays);
+    the restarted manager's sweep finds the domain, confirms with a live GET that the object
+    is gone, and the reconcile of its key (another live GET) removes it."""
+    assert await manager.stop() == 0
+    await bed.api.resource(LIBVIRT_MACHINE).patch(
+        bed.key(machine), {"metadata": {"finalizers": None}}
+    )
+    await bed.delete_machine(machine)
+    await bed.wait_gone(LIBVIRT_MACHINE, machine, within=30)
+    await manager.start()
+
+    async def removed() -> bool:
+        return any(reason == ORPHAN_REMOVED_REASON for _, reason, _ in await bed.events(cluster))
+
+    await eventually(
+        removed,
+        within=60,
+        what=f"the orphaned domain of {machine} removed ({ORPHAN_REMOVED_REASON})",
+        explain=lambda: _log_tail(manager),
+    )
+
+
+async def _log_tail(manager: CaplManager) -> str:
+    return manager.log_text()[-3000:]
+
+
 async def test_the_role_grants_what_the_manager_uses_and_nothing_more(
     rbac_plane: ControlPlane,
     capl_manager_factory: CaplManagerFactory,
@@ -236,19 +241,13 @@ async def test_the_role_grants_what_the_manager_uses_and_nothing_more(
     try:
         for name in (LEASE_NAMESPACE, namespace):
             await admin.resource(NAMESPACE).create({"metadata": {"name": name}})
-        items = rbac_objects(MANAGER_USER)
-        body = json.dumps({"apiVersion": "v1", "kind": "List", "items": items}).encode()
-        await plane.kubectl("apply", "-f", "-", stdin=body)
-        kubeconfig = plane.add_user(MANAGER_USER)
-
         manager = await capl_manager_factory(
             plane,
             name="capl-rbac",
-            kubeconfig=kubeconfig,
             leader_elect=True,
             leader_election_namespace=LEASE_NAMESPACE,
             log_level="info",
-            extra_args=["--machine-shutdown-timeout=5s"],
+            extra_args=["--machine-shutdown-timeout=5s", *SWEEP],
         )
         await manager.install_webhooks(
             [d for d in yaml.safe_load_all(WEBHOOK_MANIFESTS.read_text()) if d]
@@ -286,15 +285,21 @@ async def test_the_role_grants_what_the_manager_uses_and_nothing_more(
             return any(r.get("kind") == c.Kind.LIBVIRT_CLUSTER for r in refs)
 
         assert await secret_owned(), "the manager did not adopt the credentials Secret"
+        await orphan_removed(bed, manager, cluster.name, "cc")
         await bed.delete_all(within=120)
         assert await manager.stop() == 0
         # audit mode "blocking": every event is in the log before its response was sent
 
-        calls, refused = manager_calls(plane.audit_events())
+        identity = await manager_identity(plane)
+        assert identity.username == MANAGER_USER
+        assert identity.service_account is None
+        calls, refused = manager_calls(plane.audit_events(), identity.username)
         assert calls, "no request of the manager's user in the audit log"
         assert refused == [], "requests the role did not allow:\n" + "\n".join(refused)
 
-        rules = load_rules(ROLE) + load_rules(LEADER_ELECTION_ROLE, namespace=LEASE_NAMESPACE)
+        rules = load_rules(ROLE_FILE) + load_rules(
+            LEADER_ELECTION_ROLE_FILE, namespace=LEASE_NAMESPACE
+        )
         ungranted = sorted(
             str(call) for call, ns in calls if not any(r.grants(call, ns) for r in rules)
         )

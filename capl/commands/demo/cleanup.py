@@ -3,7 +3,9 @@
 In this order: delete the Cluster, MachineDeployment(s) and Machines through the API and
 wait (``--cleanup-timeout``) until capl has shut the domains down and removed domains,
 volumes, DHCP/DNS entries, network and pool (objects Cluster API had not adopted yet are
-deleted directly); stop capl's manager; look at the host through the libvirt port and
+deleted directly); stop capl's manager; check in the control plane's audit log that none of
+its requests was refused by its role (it runs as deployed, under config/rbac's roles); look
+at the host through the libvirt port and
 force-remove whatever of *this* demo cluster is still there (``capl.commands.demo.leftovers``)
 and say so; stop the kubeadm bootstrap provider and the workload control plane (after the
 deletion: Cluster API drains and deletes Nodes through it), the Cluster API manager and the
@@ -37,6 +39,18 @@ class Cleanup:
     def __init__(self, demo: DemoState) -> None:
         self.demo = demo
 
+    def _manager_requests_granted(self) -> bool:
+        """The manager ran as deployed (config/rbac's roles): none of its requests may have
+        been refused (the control plane's audit log)."""
+        from capl.testbed.identities import refused_requests
+
+        refused = refused_requests()
+        if refused:
+            self.demo.failures.append(
+                "requests of capl's manager refused by its role:\n  " + "\n  ".join(refused)
+            )
+        return not refused
+
     async def run(self) -> bool:
         """Remove everything; True when nothing is left. Never raises (reports instead)."""
         if self.demo.workdir is None:  # failed before anything was started
@@ -45,6 +59,7 @@ class Cleanup:
         if self.demo.created:
             ok &= await self._step_quietly("deleting the demo cluster", self._delete_through_api)
         ok &= await self._step_quietly("stopping capl's manager", self._stop_manager)
+        ok &= self._manager_requests_granted()
         if not await self._step_quietly("checking the libvirt host", self._verify_host):
             ok = False
             self.demo.leftovers = self.demo.leftovers or self.demo.created

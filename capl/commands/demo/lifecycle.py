@@ -236,7 +236,16 @@ class Demo(DemoState):
 
         assert self.workdir is not None
         assert self.plan is not None
-        self.plane = ControlPlane(assets=found.assets, workdir=self.workdir / "control-plane")
+        from capl.testbed.identities import MANAGER_AUDIT_POLICY
+
+        # the manager runs as deployed (config/rbac's roles); the audit log shows whether
+        # anything it asked for was refused
+        self.plane = ControlPlane(
+            assets=found.assets,
+            workdir=self.workdir / "control-plane",
+            audit_log=self.workdir / "control-plane" / "audit.log",
+            audit_policy=MANAGER_AUDIT_POLICY,
+        )
         with self.ui.step("Starting a local control plane (etcd + kube-apiserver)"):
             await self._cancellable(self.plane.start())
         shutil.copyfile(self.plane.kubeconfig, self.kubeconfig)
@@ -317,9 +326,12 @@ class Demo(DemoState):
         from capl.kube.client import KubeClient
         from capl.manager import ProviderOptions, build
         from capl.runtime.manager import ManagerOptions
+        from capl.testbed.identities import manager_kubeconfig
 
         assert self.plane is not None
         kubeconfig = str(self.plane.kubeconfig)
+        # the manager as deployed: bound to config/rbac's roles, not the admin
+        manager_config = str(await manager_kubeconfig(self.plane))
         options = ProviderOptions(
             manager=ManagerOptions(
                 metrics_bind_address="127.0.0.1:0",
@@ -328,7 +340,7 @@ class Demo(DemoState):
                 handle_signals=False,
                 graceful_shutdown_timeout=5.0,
             ),
-            kubeconfig=kubeconfig,
+            kubeconfig=manager_config,
             webhook_port=0,
             log_level=self.options.log_level,
             log_format="json",
@@ -338,7 +350,7 @@ class Demo(DemoState):
             cluster=LibvirtClusterOptions(health_interval=30.0, unreachable_retry=10.0),
         )
         self.client = await KubeClient.connect(kubeconfig, user_agent="capl-demo")
-        self.manager_client = await KubeClient.connect(kubeconfig)
+        self.manager_client = await KubeClient.connect(options.kubeconfig)
         built = build(options, self.manager_client)
         self.built = built
         manager, self.hosts = built.manager, built.hosts
