@@ -12,11 +12,11 @@ The scenario covers every request path: a credentials Secret (TLS host through t
 TLS libvirtd, so the manager reads the Secret and adds its owner reference), a Cluster +
 LibvirtCluster (network and pool created by the manager), machines with cloud-config and
 Ignition bootstrap Secrets plus one with invalid bootstrap data (condition + Warning event),
-all Ready; then, with the manager stopped (Lease released), one LibvirtMachine loses its
-finalizer and is deleted: the restarted manager (Lease taken again) finds its domain in an
-orphan sweep, confirms with a live GET that the object is gone, and removes the domain from a
-reconcile of its key (the vanished-object cleanup, another live GET) with a Warning event;
-then everything deleted (finalizers removed by the manager), then SIGTERM.
+all Ready; then one LibvirtMachine is deleted as `clusterctl move` deletes its source
+objects (its domain is left): the orphan sweep (every second here) finds the domain,
+confirms with a live GET that the object is gone, and removes it from a reconcile of its key
+(the vanished-object clean-up, another live GET) with a Warning event; then everything
+deleted (finalizers removed by the manager), then SIGTERM (the Lease released).
 
 Proven:
 - the role is sufficient: the scenario converges and no request of the manager's user was
@@ -40,7 +40,7 @@ import pytest
 import yaml
 
 from capl.api import constants as c
-from capl.controllers.machine.cleanup import ORPHAN_REMOVED_REASON
+from capl.controllers.machine.cleanup import DELETE_FOR_MOVE_ANNOTATION, ORPHAN_REMOVED_REASON
 from capl.kube import KubeClient
 from capl.runtime.resources import LIBVIRT_MACHINE, NAMESPACE, SECRET
 from capl.testbed import AssetsMissing, ControlPlane, find_assets
@@ -201,17 +201,16 @@ def manager_calls(
 async def orphan_removed(
     bed: SecurityBed, manager: CaplManager, cluster: str, machine: str
 ) -> None:
-    """The orphan sweep and the vanished-object cleanup under the role: with the manager
-    stopped, `machine`'s LibvirtMachine loses its finalizer and is deleted (its domain stays);
-    the restarted manager's sweep finds the domain, confirms with a live GET that the object
-    is gone, and the reconcile of its key (another live GET) removes it."""
-    assert await manager.stop() == 0
+    """The orphan sweep and the vanished-object clean-up under the role: `machine` is
+    deleted as `clusterctl move` deletes its source objects (annotation delete-for-move:
+    the manager removes its finalizer and leaves the domain); the next sweeps find the
+    domain, confirm with a live GET that the object is gone, and the reconcile of its key
+    (another live GET) removes it, with a Warning event."""
     await bed.api.resource(LIBVIRT_MACHINE).patch(
-        bed.key(machine), {"metadata": {"finalizers": None}}
+        bed.key(machine), {"metadata": {"annotations": {DELETE_FOR_MOVE_ANNOTATION: ""}}}
     )
     await bed.delete_machine(machine)
-    await bed.wait_gone(LIBVIRT_MACHINE, machine, within=30)
-    await manager.start()
+    await bed.wait_gone(LIBVIRT_MACHINE, machine, within=60)
 
     async def removed() -> bool:
         return any(reason == ORPHAN_REMOVED_REASON for _, reason, _ in await bed.events(cluster))
