@@ -10,10 +10,17 @@ Least privilege, and why each rule exists (tests/security/test_rbac_audit.py der
 requests the manager makes from a real apiserver's audit log and fails when a rule or verb
 here is not used, or a request is not granted):
 
-- capl's own kinds: `list` and `watch` (informers; every read is served from the cache, so
-  no `get`); `patch` for finalizers and spec write-backs (providerID, domainUUID, hostName,
-  endpoint, defaults; merge patches carry a resourceVersion precondition where lists change,
-  so no `update` is needed). Templates are never read by the manager: not listed.
+- capl's own kinds: `list` and `watch` (informers; reads are served from the cache);
+  `patch` for finalizers and spec write-backs (providerID, domainUUID, hostName, endpoint,
+  defaults; merge patches carry a resourceVersion precondition where lists change, so no
+  `update` is needed). Templates are never read by the manager: not listed.
+- LibvirtMachines also `get`: the one live read outside the cache
+  (capl/controllers/machine/cleanup.py `_live`). Before the orphan sweep removes a domain
+  whose LibvirtMachine the cache does not have, and before the clean-up of an object that
+  vanished (a write answered 404, or the cache lost the object or holds another UID) removes
+  what was made for it, a GET confirms the object is really gone — the cache may lag. Without
+  it both are refused (403) and orphaned domains are never removed. Every other request the
+  controllers and the runtime make is a write below or an informer's list/watch.
 - `/status`: patched once per reconcile with the computed diff.
 - LibvirtMachineMigrations: `list`, `watch`, `patch` (finalizer) and `/status` like the
   above, plus `create` and `delete`: a host in maintenance is evacuated by migrations the
@@ -95,8 +102,13 @@ MANAGER_RULES: tuple[PolicyRule, ...] = (
     ),
     PolicyRule(
         api_groups=(GROUP,),
-        resources=_OWN,
+        resources=(Plural.LIBVIRT_CLUSTERS.value,),
         verbs=("list", "patch", "watch"),
+    ),
+    PolicyRule(
+        api_groups=(GROUP,),
+        resources=(Plural.LIBVIRT_MACHINES.value,),
+        verbs=("get", "list", "patch", "watch"),
     ),
     PolicyRule(
         api_groups=(GROUP,),

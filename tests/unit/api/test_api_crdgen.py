@@ -281,6 +281,8 @@ def test_rbac_role_matches_the_rules_constant() -> None:
     [
         (api.GROUP, "libvirtmachines", "patch", True),
         (api.GROUP, "libvirtmachines/status", "patch", True),
+        (api.GROUP, "libvirtmachines", "get", True),
+        (api.GROUP, "libvirtclusters", "get", False),
         (api.GROUP, "libvirtclusters/finalizers", "update", False),
         (api.GROUP, "libvirtmachines", "delete", False),
         (api.GROUP, "libvirtmachinetemplates", "get", False),
