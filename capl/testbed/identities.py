@@ -15,8 +15,9 @@ capl/api/rbac.py by `make crds`):
   config/rbac/leader_election_role.yaml's Role by a RoleBinding in the lease namespace.
 
 Identities are minted once per control plane (the kubeconfig is reused by every manager of
-that plane); a leader-election namespace gets its Role and RoleBinding the first time a
-manager asks for it.
+that plane; a ServiceAccount token again when the ServiceAccount was re-created, e.g. by
+`clusterctl upgrade apply`); a leader-election namespace gets its Role and RoleBinding the
+first time a manager asks for it.
 
 Refused requests. A control plane that runs a manager must write an audit log
 (`ControlPlane(audit_log=...)`; `MANAGER_AUDIT_POLICY` records only the managers' requests):
@@ -77,6 +78,7 @@ class ManagerIdentity:
     username: str
     kubeconfig: Path
     service_account: tuple[str, str] | None  # (namespace, name) when it is clusterctl's
+    service_account_uid: str = ""
     lease_namespaces: set[str] = field(default_factory=set)
 
 
@@ -180,8 +182,9 @@ async def _wait_granted(
         await asyncio.sleep(0.1)
 
 
-async def _installed_service_account(plane: ControlPlane) -> tuple[str, str] | None:
-    """clusterctl's ServiceAccount of capl on `plane`, if it installed capl."""
+async def _installed_service_account(plane: ControlPlane) -> tuple[str, str, str] | None:
+    """clusterctl's ServiceAccount of capl on `plane` (namespace, name, uid), if it
+    installed capl."""
     out = await plane.kubectl(
         "get", "serviceaccounts", "--all-namespaces", "-l", PROVIDER_LABEL, "-o", "json"
     )
@@ -191,7 +194,8 @@ async def _installed_service_account(plane: ControlPlane) -> tuple[str, str] | N
     if len(items) > 1:
         names = [f"{i['metadata']['namespace']}/{i['metadata']['name']}" for i in items]
         raise IdentityError(f"more than one ServiceAccount of capl: {', '.join(names)}")
-    return items[0]["metadata"]["namespace"], items[0]["metadata"]["name"]
+    md = items[0]["metadata"]
+    return md["namespace"], md["name"], md["uid"]
 
 
 def _token_kubeconfig(plane: ControlPlane, username: str, token: str, path: Path) -> Path:
@@ -233,7 +237,7 @@ async def _mint_unchecked(plane: ControlPlane) -> ManagerIdentity:
         await _apply(plane, [cluster_role, cluster_role_binding(username)])
         kubeconfig = plane.add_user(username, groups=[MANAGER_GROUP])
         return ManagerIdentity(username=username, kubeconfig=kubeconfig, service_account=None)
-    namespace, name = account
+    namespace, name, uid = account
     token = await plane.kubectl(
         "create", "token", name, "-n", namespace, f"--duration={TOKEN_DURATION}"
     )
@@ -242,7 +246,8 @@ async def _mint_unchecked(plane: ControlPlane) -> ManagerIdentity:
     return ManagerIdentity(
         username=username,
         kubeconfig=_token_kubeconfig(plane, username, token.strip(), path),
-        service_account=account,
+        service_account=(namespace, name),
+        service_account_uid=uid,
         # clusterctl installed the Role and its binding in the ServiceAccount's namespace
         lease_namespaces={namespace},
     )
@@ -260,6 +265,11 @@ async def manager_identity(
             "found there"
         )
     identity = _identities.get(plane)
+    if identity is not None and identity.service_account is not None:
+        # `clusterctl upgrade apply` re-creates the ServiceAccount: its old tokens are void
+        current = await _installed_service_account(plane)
+        if current is None or current[2] != identity.service_account_uid:
+            identity = None
     if identity is None or not identity.kubeconfig.exists():
         identity = await _mint(plane)
         _identities[plane] = identity

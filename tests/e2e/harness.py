@@ -7,7 +7,9 @@ Management cluster (`Management`, `start_management`)
     manager as a local process with its webhooks re-pointed at loopback (`CapiCore`), and
     `capl manager` as a process (`capl.testbed.caplmanager.CaplManager`) with capl's webhook
     configurations pointed at it. Exactly what a user gets from `clusterctl init`, except that
-    the managers run as processes instead of Deployments (there is no kubelet).
+    the managers run as processes instead of Deployments (there is no kubelet); capl's runs
+    as the ServiceAccount clusterctl installed (a token in a kubeconfig), under the shipped
+    ClusterRole and Role.
 
 Workload cluster (`WorkloadCluster`, `create_workload_cluster`)
     `clusterctl generate cluster --flavor testbed` (templates/cluster-template-testbed.yaml:
@@ -116,6 +118,7 @@ from capl.testbed import ControlPlane
 from capl.testbed.capi import CapiAssets, CapiCore
 from capl.testbed.caplmanager import CaplManager
 from capl.testbed.clusterctl import Clusterctl, LocalProvider
+from capl.testbed.identities import manager_identity
 from capl.testing.objects import condition_of
 from tests.fixtures.capi import new_clusterctl, record_timing
 from tests.fixtures.capl import CaplManagerFactory
@@ -394,6 +397,10 @@ def resolve_a(server: str, name: str, *, timeout: float = 2.0) -> set[str]:
 # --- the management cluster ------------------------------------------------------------------
 
 
+CAPL_SERVICE_ACCOUNT = ("capl-system", "capl-controller-manager")
+"""What `clusterctl init` installs for capl's manager (config/default's namePrefix capl-)."""
+
+
 @dataclass
 class Management:
     """A management cluster: control plane, clusterctl, Cluster API core, capl manager."""
@@ -446,6 +453,9 @@ async def start_management(
         capl.resolv_conf = resolv_conf  # it sets the workload Nodes' providerIDs
         await capl.install_webhooks()
         await capl.start()  # stopped by its factory
+        # as deployed: the ServiceAccount `clusterctl init` installed, bound by its bindings
+        identity = await manager_identity(plane)
+        assert identity.service_account == CAPL_SERVICE_ACCOUNT, identity
         t4 = time.monotonic()
         api = await KubeClient.connect(str(plane.kubeconfig))
     except BaseException:
