@@ -146,6 +146,9 @@ class ControlPlane:
         self._apiserver: ManagedProcess | None = None
         self.startup_seconds: float | None = None
         self.timings: dict[str, float] = {}
+        self.apiserver_starts: list[tuple[float, float]] = []
+        """(launched, ready) wall-clock times of each kube-apiserver start: until its
+        authorizer's caches are loaded, it refuses (403) what RBAC would allow."""
 
     # ---------------------------------------------------------------- paths and addresses
 
@@ -476,8 +479,10 @@ class ControlPlane:
             log_path=self.apiserver_log,
             env=child_env(),
         )
+        launched = time.time()
         self._apiserver.start()
         await self.wait_ready()
+        self.apiserver_starts.append((launched, time.time()))
 
     async def stop_apiserver(self, *, grace: float | None = None) -> None:
         """Stop kube-apiserver alone (SIGTERM; SIGKILL after the grace period)."""

@@ -38,6 +38,7 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -90,6 +91,16 @@ class _Watched:
     plane_url: str
     users: set[str]
     offset: int
+    starts: list[tuple[float, float]]  # the plane's kube-apiserver starts (shared list)
+
+    def starting(self, event: Mapping[str, Any]) -> bool:
+        """Whether the request came while kube-apiserver was starting (not yet ready: its
+        RBAC authorizer may still refuse what the roles grant)."""
+        stamp = event.get("requestReceivedTimestamp")
+        if not stamp:
+            return False
+        at = datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+        return any(launched <= at <= ready for launched, ready in self.starts)
 
 
 _identities: weakref.WeakKeyDictionary[ControlPlane, ManagerIdentity] = weakref.WeakKeyDictionary()
@@ -313,7 +324,9 @@ def watch_user(plane: ControlPlane, username: str) -> None:
     with _lock:
         watched = _watched.get(plane.audit_log)
         if watched is None:
-            watched = _Watched(plane.audit_log, plane.url, set(), plane.audit_offset())
+            watched = _Watched(
+                plane.audit_log, plane.url, set(), plane.audit_offset(), plane.apiserver_starts
+            )
             _watched[plane.audit_log] = watched
         watched.users.add(username)
 
@@ -325,7 +338,10 @@ def forget(plane: ControlPlane) -> None:
 
 def refused_requests() -> list[str]:
     """The manager identities' requests answered 401/403 since the previous call, on every
-    control plane a manager identity was minted on (one line each)."""
+    control plane a manager identity was minted on (one line each). Requests that came
+    while that plane's kube-apiserver was (re)starting are left out: until its /readyz
+    passes, its authorizer may refuse what the roles grant (a chaos test restarts it under
+    a running manager, which retries)."""
     with _lock:
         watched = list(_watched.values())
     found: list[str] = []
@@ -335,7 +351,7 @@ def refused_requests() -> list[str]:
         for event in events:
             user = (event.get("user") or {}).get("username")
             code = (event.get("responseStatus") or {}).get("code")
-            if user in w.users and code in (401, 403):
+            if user in w.users and code in (401, 403) and not w.starting(event):
                 found.append(f"{w.plane_url}: {describe(event)}")
     return found
 

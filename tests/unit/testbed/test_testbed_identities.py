@@ -93,3 +93,20 @@ async def test_no_identity_on_a_plane_without_an_audit_log(tmp_path: Path) -> No
     plane = ControlPlane(assets=find_assets(fake_assets(tmp_path / "bin")))
     with pytest.raises(IdentityError, match="needs an audit log"):
         await manager_identity(plane)
+
+
+def test_refusals_while_kube_apiserver_starts_are_left_out(tmp_path: Path) -> None:
+    """Until /readyz passes, kube-apiserver's authorizer may refuse what RBAC grants."""
+    log = tmp_path / "audit.log"
+    plane = ControlPlane(assets=find_assets(fake_assets(tmp_path / "bin")), audit_log=log)
+    watch_user(plane, "capl-manager")
+    plane.apiserver_starts.append((1_800_000_000.0, 1_800_000_005.0))
+    during = event("capl-manager", "watch", 403) | {
+        "requestReceivedTimestamp": "2027-01-15T08:00:02.000000Z"  # 1_800_000_002
+    }
+    after = event("capl-manager", "watch", 403) | {
+        "requestReceivedTimestamp": "2027-01-15T08:00:06.000000Z"
+    }
+    append(log, during, after)
+    found = refused_requests()
+    assert len(found) == 1, found
