@@ -8,8 +8,8 @@ capl/api/rbac.py by `make crds`):
 
 - where `clusterctl init` installed capl (its ServiceAccount, labelled
   `cluster.x-k8s.io/provider=infrastructure-libvirt`, exists): that ServiceAccount, with a
-  token from the TokenRequest API (`kubectl create token`) in a kubeconfig — so the shipped
-  ServiceAccount, ClusterRole, Role and their bindings are what is exercised;
+  token from the TokenRequest API (what `kubectl create token` asks for) in a kubeconfig —
+  so the shipped ServiceAccount, ClusterRole, Role and their bindings are what is exercised;
 - elsewhere: the user `capl-manager` (client certificate, group `MANAGER_GROUP`) bound to
   config/rbac/role.yaml's ClusterRole by a ClusterRoleBinding and to
   config/rbac/leader_election_role.yaml's Role by a RoleBinding in the lease namespace.
@@ -53,7 +53,7 @@ LEADER_ELECTION_ROLE_FILE: Final = REPO / "config" / "rbac" / "leader_election_r
 MANAGER_USER: Final = "capl-manager"
 MANAGER_GROUP: Final = "capl-testbed:managers"
 PROVIDER_LABEL: Final = "cluster.x-k8s.io/provider=infrastructure-libvirt"
-TOKEN_DURATION: Final = "48h"
+TOKEN_SECONDS: Final = 48 * 3600
 _SA_PREFIX: Final = "system:serviceaccount:"
 
 MANAGER_AUDIT_POLICY: Final[Mapping[str, Any]] = {
@@ -143,9 +143,41 @@ def role_binding(username: str, namespace: str, role: str) -> dict[str, Any]:
     }
 
 
+_PATHS: Final = {
+    "Namespace": "/api/v1/namespaces/{name}",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{name}",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles/{name}",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings/{name}",
+}
+
+
+async def _request(
+    plane: ControlPlane,
+    method: str,
+    path: str,
+    body: Mapping[str, Any] | None = None,
+    *,
+    content_type: str = "application/json",
+) -> Any:
+    code, answer = await plane.admin_request(method, path, body, content_type=content_type)
+    if code >= 300:
+        raise IdentityError(f"{method} {path}: HTTP {code}: {answer}")
+    return answer
+
+
 async def _apply(plane: ControlPlane, items: list[dict[str, Any]]) -> None:
-    body = json.dumps({"apiVersion": "v1", "kind": "List", "items": items}).encode()
-    await plane.kubectl("apply", "-f", "-", stdin=body)
+    """Server-side apply of each object, as the admin."""
+    for obj in items:
+        md = obj["metadata"]
+        path = _PATHS[obj["kind"]].format(name=md["name"], namespace=md.get("namespace", ""))
+        await _request(
+            plane,
+            "PATCH",
+            f"{path}?fieldManager=capl-testbed&force=true",
+            obj,
+            content_type="application/apply-patch+yaml",
+        )
 
 
 async def _allowed(
@@ -165,8 +197,10 @@ async def _allowed(
             },
         },
     }
-    out = await plane.kubectl("create", "-o", "json", "-f", "-", stdin=json.dumps(review).encode())
-    return bool((json.loads(out).get("status") or {}).get("allowed"))
+    answer = await _request(
+        plane, "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review
+    )
+    return bool((answer.get("status") or {}).get("allowed"))
 
 
 async def _wait_granted(
@@ -196,10 +230,9 @@ async def _wait_granted(
 async def _installed_service_account(plane: ControlPlane) -> tuple[str, str, str] | None:
     """clusterctl's ServiceAccount of capl on `plane` (namespace, name, uid), if it
     installed capl."""
-    out = await plane.kubectl(
-        "get", "serviceaccounts", "--all-namespaces", "-l", PROVIDER_LABEL, "-o", "json"
-    )
-    items = json.loads(out).get("items") or []
+    selector = PROVIDER_LABEL.replace("/", "%2F").replace("=", "%3D")
+    answer = await _request(plane, "GET", f"/api/v1/serviceaccounts?labelSelector={selector}")
+    items = answer.get("items") or []
     if not items:
         return None
     if len(items) > 1:
@@ -249,9 +282,15 @@ async def _mint_unchecked(plane: ControlPlane) -> ManagerIdentity:
         kubeconfig = plane.add_user(username, groups=[MANAGER_GROUP])
         return ManagerIdentity(username=username, kubeconfig=kubeconfig, service_account=None)
     namespace, name, uid = account
-    token = await plane.kubectl(
-        "create", "token", name, "-n", namespace, f"--duration={TOKEN_DURATION}"
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": TOKEN_SECONDS},
+    }
+    answer = await _request(
+        plane, "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", request
     )
+    token = str(answer["status"]["token"])
     username = f"{_SA_PREFIX}{namespace}:{name}"
     path = plane.workdir / "users" / f"sa-{namespace}-{name}-{secrets.token_hex(3)}.kubeconfig"
     return ManagerIdentity(
