@@ -216,7 +216,8 @@ class LibvirtClusterReconciler:
             return await self._delete(patcher, current, cluster, cluster_ref.name)
         if cluster is None:
             return DONE  # the Cluster watch brings us back once it is cached
-        if self._set_paused(patcher.obj, cluster, current):
+        if paused(cluster, metadata):
+            self._set_paused(patcher.obj, cluster, current)
             await patcher.apply()  # the Paused condition, nothing else
             return DONE
         add_finalizer(patcher.obj, c.CLUSTER_FINALIZER)
@@ -226,6 +227,7 @@ class LibvirtClusterReconciler:
         if patcher.changed():
             await patcher.apply(status=False)
         current = default_libvirt_cluster(parse(LibvirtCluster, patcher.obj))
+        self._set_paused(patcher.obj, cluster, current)  # NotPaused, with the status write
         return await self._converge(patcher, current, cluster_ref.name)
 
     def _set_paused(self, obj: Obj, cluster: Cluster | None, current: LibvirtCluster) -> bool:

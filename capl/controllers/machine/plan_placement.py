@@ -81,9 +81,9 @@ def wanted_host(
     return FailureDomainConflict(
         f"spec.hostName {host_name!r} conflicts with Machine {machine}'s spec.failureDomain "
         f"{failure_domain!r}: Cluster API places this machine in failure domain "
-        f"{failure_domain!r}; set spec.hostName (of the LibvirtMachine or its "
-        f"LibvirtMachineTemplate) to {failure_domain!r} or leave it empty, or change the "
-        "failure domain; nothing is created until they agree"
+        f"{failure_domain!r}; change the Machine's failure domain, or replace the machine "
+        f"from a LibvirtMachineTemplate whose hostName is empty or {failure_domain!r} "
+        "(hostName is immutable); nothing is created until they agree"
     )
 
 

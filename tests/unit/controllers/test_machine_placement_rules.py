@@ -39,7 +39,7 @@ def test_a_conflicting_host_name_is_refused_naming_both_fields() -> None:
     assert got.message.startswith(
         "spec.hostName 'kvm1' conflicts with Machine ns/m-0's spec.failureDomain 'kvm2'"
     )
-    assert "LibvirtMachineTemplate" in got.message
+    assert "LibvirtMachineTemplate whose hostName is empty or 'kvm2'" in got.message
     assert "nothing is created" in got.message
 
 
