@@ -10,11 +10,15 @@
   than its Machine's spec.failureDomain is not placed (DomainProvisioned False/
   FailureDomainConflict naming both fields, a Warning Event, nothing created on any host);
   changing the Machine's failure domain resolves it, and such a machine is deleted at once.
+- Workload Nodes get the zone: topology.kubernetes.io/zone = the machine's host (its failure
+  domain), /region = the LibvirtCluster's spec.region; the zone follows spec.hostName.
 """
 
 from __future__ import annotations
 
 import functools
+import secrets
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,10 +26,19 @@ import pytest
 from capl.api import constants as c
 from capl.controllers import machine as libvirtmachine
 from capl.controllers import migration
+from capl.ports.naming import machine_hostname
 from capl.runtime.objects import Obj, ObjectKey
-from capl.runtime.resources import CLUSTER, LIBVIRT_MACHINE, LIBVIRT_MACHINE_MIGRATION, MACHINE
+from capl.runtime.resources import (
+    CLUSTER,
+    LIBVIRT_CLUSTER,
+    LIBVIRT_MACHINE,
+    LIBVIRT_MACHINE_MIGRATION,
+    MACHINE,
+    NODE,
+    SECRET,
+)
 from capl.testing.harness import TEST_DRIVER, ControllerHarness
-from capl.testing.objects import condition, condition_of, libvirt_machine_spec
+from capl.testing.objects import b64, condition, condition_of, libvirt_machine_spec
 from capl.virt.migration import LibvirtMigrations
 from tests.controllers.conftest import events_of, leftovers
 from tests.fixtures.common import eventually
@@ -163,3 +176,62 @@ async def test_failure_domain_conflict_is_refused_until_resolved(
     # the other one is replaced (hostName is immutable): nothing to clean, it goes at once
     await h.delete_machine(b.name, within=30)
     assert await leftovers(h, cluster, b.name) == []
+
+
+async def test_workload_node_gets_the_zone_of_its_host(
+    harness: ControllerHarness, kubeconfig: Path, shared_test_driver: str
+) -> None:
+    """The session API server doubles as the workload cluster (its admin kubeconfig in
+    `<cluster>-kubeconfig`). The Node gets topology.kubernetes.io/zone = the machine's host
+    and /region = the LibvirtCluster's spec.region; when spec.hostName changes the way a
+    completed live migration writes it (migrationTarget set, then hostName with
+    migrationTarget cleared in one write), the zone follows. The test driver cannot migrate,
+    so here the domain is re-created on the new host instead of moved; the labels only
+    depend on spec.hostName."""
+    h = harness
+    hosts = [{"name": "h1", "uri": TEST_DRIVER}, {"name": "h2", "uri": shared_test_driver}]
+    cluster = await h.make_cluster(hosts=hosts, adopt_network=True)
+    await h.patch(LIBVIRT_CLUSTER, cluster.name, {"spec": {"region": "lab-1"}})
+    name = f"zone-{secrets.token_hex(2)}"
+    node_name = machine_hostname(name)
+    await h.api.resource(NODE).create({"metadata": {"name": node_name}})
+    try:
+        await h.create(
+            SECRET,
+            {
+                "metadata": {"name": f"{cluster.name}-kubeconfig", "namespace": h.namespace},
+                "data": {"value": b64(kubeconfig.read_bytes())},  # noqa: ASYNC240 - small file
+            },
+        )
+        await h.start(MACHINES)
+        await h.make_machine(cluster, name, failure_domain="h1")
+        await h.wait_ready(name)
+
+        async def labelled(zone: str) -> Obj | None:
+            node = await h.api.resource(NODE).get(ObjectKey("", node_name))
+            labels = node["metadata"].get("labels") or {}
+            return node if labels.get(c.ZONE_LABEL) == zone else None
+
+        node = await eventually(lambda: labelled("h1"), within=30, what="zone h1")
+        assert node["metadata"]["labels"][c.REGION_LABEL] == "lab-1"
+        assert node["spec"]["providerID"].startswith(c.PROVIDER_ID_PREFIX)
+
+        await h.patch(LIBVIRT_MACHINE, name, {"spec": {"migrationTarget": "h2"}})
+        await h.wait_for(
+            LIBVIRT_MACHINE,
+            name,
+            lambda o: condition(o, c.ConditionType.MIGRATING) == "True",
+            what="Migrating",
+        )
+        await h.patch(LIBVIRT_MACHINE, name, {"spec": {"hostName": "h2", "migrationTarget": None}})
+        obj = await h.wait_for(
+            LIBVIRT_MACHINE,
+            name,
+            lambda o: (o.get("status") or {}).get("failureDomain") == "h2",
+            what="on h2",
+        )
+        node = await eventually(lambda: labelled("h2"), within=30, what="zone h2")
+        assert node["metadata"]["labels"][c.REGION_LABEL] == "lab-1"
+        assert node["spec"]["providerID"] == obj["spec"]["providerID"]
+    finally:
+        await h.api.resource(NODE).delete(ObjectKey("", node_name))
