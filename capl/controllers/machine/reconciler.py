@@ -436,8 +436,10 @@ class LibvirtMachineReconciler:
     # -- deletion: the steps -----------------------------------------------------------------
 
     async def _delete(self, scope: MachineScope) -> Result:
-        """The steps of a machine being deleted: finalizer (none: forget it) -> pause (only
-        the Paused condition) -> moved away (delete-for-move: drop the finalizer only) ->
+        """The steps of a machine being deleted: finalizer (none: forget it) -> moved away
+        (delete-for-move: forgotten, nothing of it is ever removed) -> pause (only the Paused
+        condition; clusterctl move drops the finalizers itself) -> moved away and not paused
+        (drop the finalizer only) ->
         Ready False/Deleting
         -> nothing ever created (drop the finalizer) -> locate the host (none: HostNotFound
         event, drop the finalizer) -> domain, volumes, network entries (`delete`; the
@@ -446,6 +448,12 @@ class LibvirtMachineReconciler:
         if not md.has_finalizer(c.MACHINE_FINALIZER):
             self.memory.forget(scope.key)
             return DONE
+        moving = md.has_annotation(DELETE_FOR_MOVE_ANNOTATION)
+        if moving:
+            # clusterctl move deletes the source objects: the domain now belongs to the
+            # target management cluster and must not be touched, also once this object is
+            # gone (nothing made for it is a leftover to remove)
+            self.memory.forget(scope.key)
         cluster_raw = self.cache.get(
             CLUSTER, ObjectKey(scope.namespace, md.label(c.CLUSTER_NAME_LABEL) or "")
         )
@@ -459,10 +467,8 @@ class LibvirtMachineReconciler:
             with contextlib.suppress(ApiNotFound):
                 return await scope.close_paused()
             return DONE
-        if md.has_annotation(DELETE_FOR_MOVE_ANNOTATION):
-            # clusterctl move deletes the source objects: the domain now belongs to the
-            # target management cluster and must not be touched
-            return await scope.release()
+        if moving:
+            return await scope.release()  # unpaused: the finalizer only
         scope.set(c.ConditionType.READY, False, c.Reason.DELETING, "deleting the domain")
         if scope.lm.spec.migration_target:
             # the migration controller aborts the job when the machine is deleted and then
