@@ -288,8 +288,8 @@ class LibvirtMachineReconciler:
         4. infrastructure       DomainProvisioned: WaitingForClusterInfrastructure
         5. bootstrap data       BootstrapDataDelivered, DomainProvisioned:
                                 WaitingForBootstrapData, BootstrapDataInvalid
-        6. placement            DomainProvisioned: HostNotFound, Unreachable,
-                                CredentialsInvalid, InternalError
+        6. placement            DomainProvisioned: FailureDomainConflict, HostNotFound,
+                                Unreachable, CredentialsInvalid, InternalError
         7. identity             (the spec patch: hostName, domainUUID, providerID, placement)
         8. domain               DomainProvisioned: Running, DomainRecreated, DomainRestarted,
                                 DomainNotRunning, or the libvirt error's reason
