@@ -185,6 +185,8 @@ HTTP_URL_PATTERN = r"^https?://[!-.0-~]+(/[!-~]*)?$"
 ABSOLUTE_PATH_PATTERN = r"^/[!-~]*$"
 # libvirt volume and network names: printable, no slash, no whitespace.
 LIBVIRT_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$"
+# A Kubernetes label value (non-empty here): alphanumerics at both ends, '-', '_', '.' inside.
+LABEL_VALUE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 # Linux interface names (IFNAMSIZ - 1 = 15 bytes).
 BRIDGE_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$"
 
@@ -208,6 +210,9 @@ HTTPURL = Annotated[str, Field(min_length=8, max_length=2048, pattern=HTTP_URL_P
 AbsolutePath = Annotated[str, Field(min_length=1, max_length=1024, pattern=ABSOLUTE_PATH_PATTERN)]
 LibvirtName = Annotated[str, Field(min_length=1, max_length=200, pattern=LIBVIRT_NAME_PATTERN)]
 BridgeName = Annotated[str, Field(min_length=1, max_length=15, pattern=BRIDGE_PATTERN)]
+
+LabelValue = Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)]
+"""A Kubernetes label value: at most 63 characters, alphanumerics at both ends."""
 
 SizeGiB = Annotated[int, Field(ge=1, le=65536)]
 """A disk size in GiB, 1 GiB .. 64 TiB."""

@@ -31,6 +31,7 @@ from capl.api.base import (
     IPv4Address,
     IPv4CIDR,
     K8sModel,
+    LabelValue,
     LibvirtName,
     LibvirtURI,
     cel,
@@ -200,6 +201,11 @@ class LibvirtClusterSpec(K8sModel):
     """The machines' network on every host."""
     storage_pool: StoragePoolSpec | None = None
     """Storage pool of the cluster's volumes on every host."""
+    region: LabelValue | None = None
+    """The region of the cluster's hosts: the workload Nodes get the label
+    `topology.kubernetes.io/region` with this value (as `topology.kubernetes.io/zone` with
+    their host's name, the failure domain), like a cloud provider sets them. A label value:
+    at most 63 characters, alphanumerics at both ends, '-', '_' or '.' inside."""
 
 
 # Transition rules of a LibvirtCluster's spec (not of templates: see the module docstring).

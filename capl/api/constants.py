@@ -72,6 +72,14 @@ PAUSED_ANNOTATION: Final = "cluster.x-k8s.io/paused"
 MANAGED_BY_ANNOTATION: Final = "cluster.x-k8s.io/managed-by"
 #: Set by the topology controller on objects it sends as server-side-apply dry runs.
 TOPOLOGY_DRY_RUN_ANNOTATION: Final = "topology.cluster.x-k8s.io/dry-run"
+#: clusterctl move takes every object carrying this label (any value), owner references or
+#: not: capl sets it on the credentials Secrets its LibvirtClusters use.
+CLUSTERCTL_MOVE_LABEL: Final = "clusterctl.cluster.x-k8s.io/move"
+
+# --- Well-known Node labels (set on workload Nodes, as a cloud provider would) ---------------
+
+ZONE_LABEL: Final = "topology.kubernetes.io/zone"
+REGION_LABEL: Final = "topology.kubernetes.io/region"
 
 # --- Identity of what capl creates -----------------------------------------------------------
 
@@ -119,6 +127,9 @@ class ConditionType(StrEnum):
     NETWORK_READY = "NetworkReady"
     STORAGE_READY = "StorageReady"
     CONTROL_PLANE_ENDPOINT_READY = "ControlPlaneEndpointReady"
+    CREDENTIALS_OWNED = "CredentialsOwned"
+    """The credentials Secrets carry the LibvirtCluster's owner reference (not part of
+    Ready: the clusterctl move label takes a Secret whose owner reference was refused)."""
     # LibvirtMachine.
     DOMAIN_PROVISIONED = "DomainProvisioned"
     BOOTSTRAP_DATA_DELIVERED = "BootstrapDataDelivered"
@@ -163,6 +174,12 @@ class Reason(StrEnum):
     """The guest agent answers; the bootstrap success file is not there yet."""
     # Failures with a cause the user can fix.
     HOST_NOT_FOUND = "HostNotFound"
+    FAILURE_DOMAIN_CONFLICT = "FailureDomainConflict"
+    """spec.hostName names another host than the Machine's spec.failureDomain."""
+    OWNER_REFERENCE_SET = "OwnerReferenceSet"
+    OWNER_REFERENCE_REFUSED = "OwnerReferenceRefused"
+    """The API server refused the credentials Secret's owner reference (e.g. the
+    OwnerReferencesPermissionEnforcement admission plugin)."""
     CREDENTIALS_INVALID = "CredentialsInvalid"
     IMAGE_UNAVAILABLE = "ImageUnavailable"
     CHECKSUM_MISMATCH = "ChecksumMismatch"

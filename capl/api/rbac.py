@@ -30,11 +30,16 @@ here is not used, or a request is not granted):
   name, failure domain); `delete` on Machines: a host in maintenance evacuates a machine
   with evictionStrategy Recreate by deleting its Machine, which its owner replaces.
 - Secrets: `list` and `watch` (bootstrap data, host credentials, `<cluster>-kubeconfig`, all
-  from the cache); `patch` to add the LibvirtCluster owner reference to credentials Secrets
-  (so `clusterctl move` takes them). Where the OwnerReferencesPermissionEnforcement
-  admission plugin is enabled (e.g. OpenShift), changing ownerReferences also requires
-  `delete` on the Secret, which is not granted: the owner reference is then refused (the
-  manager logs a warning and works on).
+  from the cache); `patch` to add the label `clusterctl.cluster.x-k8s.io/move` and the
+  LibvirtCluster owner reference to credentials Secrets (so `clusterctl move` takes them),
+  in two patches. Where the OwnerReferencesPermissionEnforcement admission plugin is
+  enabled (e.g. OpenShift), changing ownerReferences also requires `delete` on the Secret,
+  which is deliberately not granted: the owner reference is then refused (HTTP 403), the
+  label alone makes clusterctl move take the Secret, and the LibvirtCluster's
+  `CredentialsOwned` condition says so (tests/controllers/test_cluster_credentials_move.py).
+- Pause: while paused the controllers write only the `Paused` condition (`/status` patches
+  already granted); a paused LibvirtMachineMigration's condition is one more
+  `libvirtmachinemigrations/status` patch, no new rule.
 - Events: `create`, and `patch` to aggregate repeats (the ClusterRole covers every namespace,
   including the leader-election one).
 - Leases (leader election): `get`, `create`, and `patch` (renewal and release are merge
@@ -42,8 +47,8 @@ here is not used, or a request is not granted):
   a Role.
 
 No owner reference capl sets has blockOwnerDeletion, so no `/finalizers` grant is needed.
-Workload-cluster Nodes are patched through the workload cluster's own kubeconfig, so no rule
-for them exists here.
+Workload-cluster Nodes (providerID, topology.kubernetes.io/zone and /region labels) are
+patched through the workload cluster's own kubeconfig, so no rule for them exists here.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ infrastructure, and removes exactly what it created.
 One reconcile, level-based, in this order:
 
 1. Gates (Cluster API contract): wait for the owner `Cluster` (deleted without one: drop the
-   finalizer, nothing else); skip objects annotated `cluster.x-k8s.io/managed-by`; add the
-   finalizer; respect pause (`Cluster.spec.paused` or the paused annotation: only the
-   `Paused` condition is written).
+   finalizer, nothing else); skip objects annotated `cluster.x-k8s.io/managed-by`; respect
+   pause (`Cluster.spec.paused` or the paused annotation: only the `Paused` condition is
+   written — not the finalizer, not the defaults); add the finalizer.
 2. Defaults: names the webhook did not fill in (network name/DNS domain/DHCP range, storage
    pool name/path, from `capl.api.defaults`) and the control-plane endpoint are written into
    spec with the finalizer, in one patch, before any host is touched, so they survive
@@ -16,8 +16,11 @@ One reconcile, level-based, in this order:
    `capl.controllers.cluster_endpoint`. Writes are read back through
    `capl.runtime.patch.ReadYourWrites` (a reconcile the informer has not caught up with
    works from the object our last patch returned).
-3. Credentials Secrets named by `spec.hosts[].credentialsRef` get a (non-controller) owner
-   reference to the LibvirtCluster, so `clusterctl move` carries them.
+3. Credentials Secrets named by `spec.hosts[].credentialsRef` get the label
+   `clusterctl.cluster.x-k8s.io/move` and a (non-controller) owner reference to the
+   LibvirtCluster, so `clusterctl move` carries them; a refused owner reference (e.g.
+   OwnerReferencesPermissionEnforcement) is reported in `CredentialsOwned`
+   (`cluster_credentials`).
 4. Every host concurrently (`cluster_hosts.converge_host`): host info, network (create
    tagged, or adopt untouched), storage pool (create with owner marker, or adopt), and, when
    capl manages the endpoint, the DNS records of `api`/`api-int` pointing at the InternalIP
@@ -69,6 +72,7 @@ from capl.api import constants as c
 from capl.api.capi import Cluster
 from capl.api.cluster import LibvirtCluster, LibvirtHost
 from capl.api.defaults import DEFAULT_POOL_PARENT, default_libvirt_cluster
+from capl.controllers.cluster_credentials import CredentialsOwnership
 from capl.controllers.cluster_endpoint import (
     endpoint_condition,
     fill_spec_defaults,
@@ -116,12 +120,12 @@ from capl.controllers.common import (
 from capl.ports.virt import ClusterOwner, Host, NetworkMode, NetworkSpec, PoolSpec
 from capl.runtime.conditions import FALSE, TRUE, rfc3339, set_condition
 from capl.runtime.controller import Controller, Result
-from capl.runtime.errors import ApiError, NotFound
+from capl.runtime.errors import NotFound
 from capl.runtime.events import WARNING
 from capl.runtime.manager import Manager
-from capl.runtime.objects import Obj, ObjectKey, copy_obj, get_path, meta, owner_references
-from capl.runtime.patch import Patcher, ReadYourWrites, apply_patch
-from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, LIBVIRT_MACHINE, SECRET
+from capl.runtime.objects import Obj, ObjectKey, get_path, meta
+from capl.runtime.patch import Patcher, ReadYourWrites
+from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, LIBVIRT_MACHINE
 from capl.runtime.store import INDEX_CLUSTER, cluster_index_value
 
 __all__ = [
@@ -173,6 +177,7 @@ class LibvirtClusterReconciler:
         self._client = deps.client.resource(LIBVIRT_CLUSTER)
         self._writes = ReadYourWrites()
         self._maintenance = Maintenance(deps, self.options.maintenance)
+        self._credentials = CredentialsOwnership(deps)
 
     def _now(self) -> str:
         return rfc3339(self.deps.clock.wall())
@@ -211,6 +216,10 @@ class LibvirtClusterReconciler:
             return await self._delete(patcher, current, cluster, cluster_ref.name)
         if cluster is None:
             return DONE  # the Cluster watch brings us back once it is cached
+        if paused(cluster, metadata):
+            self._set_paused(patcher.obj, cluster, current)
+            await patcher.apply()  # the Paused condition, nothing else
+            return DONE
         add_finalizer(patcher.obj, c.CLUSTER_FINALIZER)
         fill_spec_defaults(
             patcher.obj, current, cluster_endpoint=cluster.spec.control_plane_endpoint
@@ -218,9 +227,7 @@ class LibvirtClusterReconciler:
         if patcher.changed():
             await patcher.apply(status=False)
         current = default_libvirt_cluster(parse(LibvirtCluster, patcher.obj))
-        if self._set_paused(patcher.obj, cluster, current):
-            await patcher.apply()
-            return DONE
+        self._set_paused(patcher.obj, cluster, current)  # NotPaused, with the status write
         return await self._converge(patcher, current, cluster_ref.name)
 
     def _set_paused(self, obj: Obj, cluster: Cluster | None, current: LibvirtCluster) -> bool:
@@ -301,7 +308,7 @@ class LibvirtClusterReconciler:
         metadata = current.metadata
         namespace = metadata.namespace or ""
         lay = layout(current)
-        await self._own_credentials(current)
+        await self._credentials.reconcile(current, obj, self._now)
         domain = managed_api_domain(current, obj)
         api = (
             ApiPlan(
@@ -370,38 +377,6 @@ class LibvirtClusterReconciler:
         if any(p.terminal for p in problems):
             delays.append(options.terminal_retry)
         return Result(requeue_after=min(delays)) if delays else DONE
-
-    # -- credentials ----------------------------------------------------------------------
-
-    async def _own_credentials(self, current: LibvirtCluster) -> None:
-        """Give each credentials Secret an owner reference to this LibvirtCluster (added to
-        the list, never replacing a controller reference), so `clusterctl move` takes it."""
-        metadata = current.metadata
-        namespace, uid = metadata.namespace or "", metadata.uid or ""
-        if not uid:
-            return
-        names = sorted({h.credentials_ref.name for h in current.spec.hosts if h.credentials_ref})
-        secrets = self.deps.client.resource(SECRET)
-        for name in names:
-            secret = self.deps.cache.get(SECRET, ObjectKey(namespace, name))
-            if secret is None or any(r.get("uid") == uid for r in owner_references(secret)):
-                continue
-            desired = copy_obj(secret)
-            refs: list[dict[str, Any]] = desired["metadata"].setdefault("ownerReferences", [])
-            refs.append(
-                {
-                    "apiVersion": c.API_VERSION,
-                    "kind": c.Kind.LIBVIRT_CLUSTER,
-                    "name": metadata.name,
-                    "uid": uid,
-                }
-            )
-            try:
-                await apply_patch(secrets, secret, desired, status=False)
-            except NotFound:
-                continue
-            except ApiError as exc:  # secondary to the hosts' work: retried next time
-                log.warning("cannot add the owner reference", secret=name, error=str(exc))
 
     # -- delete ---------------------------------------------------------------------------
 

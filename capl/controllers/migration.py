@@ -3,8 +3,11 @@
 One reconcile, level-based:
 
 1. Finished (Succeeded/Failed): nothing, except dropping the finalizer once deleted.
-2. Gates: the finalizer (so that a deletion can abort); the LibvirtMachine, its Cluster and
-   LibvirtCluster from the cache; pause (the Cluster's or the machine's: nothing moves).
+2. Gates: pause first (the Cluster's spec.paused, or the paused annotation on the migration
+   or its machine: the `Paused` condition is the only write — no finalizer, no scheduling,
+   no finalizer dropped on deletion; a job already running when the pause comes is not
+   interrupted, and a deletion aborts it only once unpaused); the finalizer (so that a
+   deletion can abort); the LibvirtMachine, its Cluster and LibvirtCluster from the cache.
 3. Scheduling (phase empty/Pending/Scheduling): the request is checked (the machine exists,
    is provisioned, not being deleted, no older unfinished migration of it; the target is
    acceptable: `migration_plan.choose_target`) — a bad request ends Failed at once with the
@@ -73,7 +76,7 @@ from capl.controllers.migration_schedule import (
 )
 from capl.ports.errors import VirtError
 from capl.ports.virt.migration import Migrations
-from capl.runtime.conditions import get_condition
+from capl.runtime.conditions import get_condition, rfc3339, set_condition
 from capl.runtime.controller import Controller, Result, Watch
 from capl.runtime.errors import ApiError
 from capl.runtime.events import WARNING
@@ -189,14 +192,19 @@ class MigrationReconciler:
             log.warning("cannot read LibvirtMachineMigration", error=str(exc))
             return DONE
         deleting = mig.metadata.deletion_timestamp is not None
+        pause = self._paused(key, mig)
         if running is not None:
             task, moving = running
             if not task.done():
-                if deleting or self._machine_deleting(key, mig):
+                if pause is None and (deleting or self._machine_deleting(key, mig)):
                     await self._abort(key, moving)
                 return DONE
             self.jobs.pop(key, None)
             return Result(requeue_after=0.0)  # look again at what the job left
+        if pause is not None or get_condition(raw, c.ConditionType.PAUSED) is not None:
+            await self._paused_condition(key, raw, pause)
+            if pause is not None:
+                return DONE  # the Cluster's pause (e.g. clusterctl move): nothing moves
         if mig.status.phase in TERMINAL_PHASES:
             if mig.status.cleanup_pending:
                 return await self._clean_up(key, mig)
@@ -225,9 +233,7 @@ class MigrationReconciler:
                 log.warning("a migration in flight misses its objects", why=found)
                 return Result(requeue_after=self.options.incoming_retry)
             return await self._finish_failed(key, c.Reason.MIGRATION_FAILED, found)
-        lm, cluster, lcluster = found
-        if paused(cluster, lm.metadata) or paused(cluster, mig.metadata):
-            return DONE  # the Cluster's pause (e.g. clusterctl move): nothing moves
+        lm, _, lcluster = found
         if mig.status.phase in ACTIVE_PHASES:
             return await self._resume(key, mig, lm, lcluster, deleting)
         return await self._schedule(key, mig, lm, lcluster)
@@ -249,6 +255,39 @@ class MigrationReconciler:
         if lcluster is None:
             return f"the LibvirtCluster of Cluster {key.namespace}/{cluster_name} not found"
         return lm, cluster, lcluster
+
+    def _paused(self, key: ObjectKey, mig: LibvirtMachineMigration) -> str | None:
+        """Why the migration is paused (None: it is not): the paused annotation on it or on
+        its LibvirtMachine, or its Cluster's spec.paused (read from the cache)."""
+        if paused(None, mig.metadata):
+            return f"annotation {c.PAUSED_ANNOTATION} on the migration"
+        raw = self.deps.cache.get(LIBVIRT_MACHINE, ObjectKey(key.namespace, mig.spec.machine_name))
+        if raw is None:
+            return None
+        lm_meta = parse(LibvirtMachine, raw).metadata
+        if paused(None, lm_meta):
+            return f"annotation {c.PAUSED_ANNOTATION} on LibvirtMachine {mig.spec.machine_name}"
+        cluster_name = lm_meta.label(c.CLUSTER_NAME_LABEL) or ""
+        cluster_raw = self.deps.cache.get(CLUSTER, ObjectKey(key.namespace, cluster_name))
+        if cluster_raw is not None and paused(parse(Cluster, cluster_raw), lm_meta):
+            return f"Cluster {key.namespace}/{cluster_name} is paused"
+        return None
+
+    async def _paused_condition(self, key: ObjectKey, raw: Obj, pause: str | None) -> None:
+        """The Paused condition, the only write while paused; flipped to False/NotPaused once
+        the pause ends (a migration never paused gets none)."""
+        desired = copy_obj(raw)
+        set_condition(
+            desired,
+            c.ConditionType.PAUSED,
+            pause is not None,
+            reason=c.Reason.PAUSED if pause is not None else c.Reason.NOT_PAUSED,
+            message=f"reconciliation is paused ({pause})" if pause is not None else "",
+            now=lambda: rfc3339(self.deps.clock.wall()),
+        )
+        conditions = (desired.get("status") or {}).get("conditions")
+        if conditions != (raw.get("status") or {}).get("conditions"):
+            await self._status(key, {"conditions": conditions})
 
     def _machine_deleting(self, key: ObjectKey, mig: LibvirtMachineMigration) -> bool:
         raw = self.deps.cache.get(LIBVIRT_MACHINE, ObjectKey(key.namespace, mig.spec.machine_name))

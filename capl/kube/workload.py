@@ -7,10 +7,12 @@ parsed in memory; client certificates and keys embedded in it are written by
 kubernetes_asyncio's loader into a private 0700 directory of this process (it needs files for
 TLS), never logged.
 
-`ensure_node_provider_id` reads the Node and, when it exists without a providerID, merge-
-patches `spec.providerID`. Every failure (API server not up yet, TLS, timeouts, RBAC) is
-answered with False and retried by the caller's next reconcile: the workload cluster's API
-server is routinely unreachable while its first control-plane machine boots. A Node that
+`ensure_node_provider_id` reads the Node and, when it exists without a providerID or without
+the wanted labels (topology.kubernetes.io/zone and /region), merge-patches what is missing in
+one request (with the resourceVersion read as precondition). Every failure (API server not
+up yet, TLS, timeouts, RBAC, a conflict) is answered with False and retried by the caller's
+next reconcile: the workload cluster's API server is routinely unreachable while its first
+control-plane machine boots. A Node that
 already carries a *different* providerID is left alone (False, with a warning in the log).
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -69,7 +72,13 @@ class KubeWorkloadClusters:
         return client
 
     async def ensure_node_provider_id(
-        self, *, cluster: str, kubeconfig: bytes, node_name: str, provider_id: str
+        self,
+        *,
+        cluster: str,
+        kubeconfig: bytes,
+        node_name: str,
+        provider_id: str,
+        labels: Mapping[str, str] | None = None,
     ) -> bool:
         try:
             client = await self._client(cluster, kubeconfig)
@@ -81,9 +90,7 @@ class KubeWorkloadClusters:
         try:
             node = await nodes.get(key)
             current = (node.get("spec") or {}).get("providerID") or ""
-            if current == provider_id:
-                return True
-            if current:
+            if current and current != provider_id:
                 log.warning(
                     "node %s of cluster %s has providerID %s, not %s: left alone",
                     node_name,
@@ -92,8 +99,25 @@ class KubeWorkloadClusters:
                     provider_id,
                 )
                 return False
-            await nodes.patch(key, {"spec": {"providerID": provider_id}})
-            log.info("set providerID of node %s in cluster %s", node_name, cluster)
+            patch: dict[str, Any] = {}
+            if not current:
+                patch["spec"] = {"providerID": provider_id}
+            have = (node.get("metadata") or {}).get("labels") or {}
+            changed = {k: v for k, v in (labels or {}).items() if have.get(k) != v}
+            if changed:
+                patch["metadata"] = {"labels": changed}
+            if patch:
+                # resourceVersion: a Node replaced meanwhile (same name) is looked at again
+                patch.setdefault("metadata", {})["resourceVersion"] = (
+                    node.get("metadata") or {}
+                ).get("resourceVersion")
+                await nodes.patch(key, patch)
+                log.info(
+                    "set %s of node %s in cluster %s",
+                    ", ".join(["providerID"] * (not current) + sorted(changed)),
+                    node_name,
+                    cluster,
+                )
             return True
         except NotFound:
             return False

@@ -111,6 +111,7 @@ class ControlPlane:
         service_cluster_ip_range: str = "10.0.0.0/24",
         extra_apiserver_args: Sequence[str] = (),
         extra_etcd_args: Sequence[str] = (),
+        admission_plugins: Sequence[str] = (),
         ready_timeout: float = 90.0,
         stop_grace: float = 10.0,
     ) -> None:
@@ -123,6 +124,9 @@ class ControlPlane:
         audit_policy: the audit policy; default Metadata level for every request.
         watch_cache: kube-apiserver's --watch-cache. False sends every watch to etcd, so a
             forced compaction makes watches from older resourceVersions fail with 410.
+        admission_plugins: admission plugins to enable besides kube-apiserver's defaults
+            (`--enable-admission-plugins`), e.g. OwnerReferencesPermissionEnforcement as
+            OpenShift runs it.
         ready_timeout: deadline in seconds for each process to become ready.
         stop_grace: seconds between SIGTERM and SIGKILL when stopping.
         """
@@ -135,6 +139,7 @@ class ControlPlane:
         self.service_cluster_ip_range = service_cluster_ip_range
         self._extra_apiserver_args = list(extra_apiserver_args)
         self._extra_etcd_args = list(extra_etcd_args)
+        self.admission_plugins = list(admission_plugins)
         self.ready_timeout = ready_timeout
         self.stop_grace = stop_grace
 
@@ -310,6 +315,11 @@ class ControlPlane:
             "--authorization-mode=RBAC",
             # No controller-manager mints tokens, so pods must not require them.
             "--disable-admission-plugins=ServiceAccount",
+            *(
+                [f"--enable-admission-plugins={','.join(self.admission_plugins)}"]
+                if self.admission_plugins
+                else []
+            ),
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",

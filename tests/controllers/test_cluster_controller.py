@@ -439,6 +439,17 @@ async def test_credentials_secret_missing_then_malformed(clusters: ControllerHar
     refs = secret["metadata"].get("ownerReferences", [])
     assert [ref["uid"] for ref in refs] == [obj["metadata"]["uid"]]
     assert not any(ref.get("controller") for ref in refs)
+    # and the clusterctl move label, which moves it where owner references are refused
+    assert secret["metadata"]["labels"][c.CLUSTERCTL_MOVE_LABEL] == ""
+    obj = await h.wait_for(
+        LIBVIRT_CLUSTER,
+        name,
+        lambda o: has_condition(o, c.ConditionType.CREDENTIALS_OWNED, "True"),
+        what="CredentialsOwned",
+    )
+    assert has_condition(
+        obj, c.ConditionType.CREDENTIALS_OWNED, "True", c.Reason.OWNER_REFERENCE_SET
+    )
 
 
 async def test_gates_owner_pause_and_external_management(clusters: ControllerHarness) -> None:
@@ -453,13 +464,19 @@ async def test_gates_owner_pause_and_external_management(clusters: ControllerHar
     )
     await reconcile_again(h, external)
     assert writes(h, external) == {}
-    # paused (Cluster.spec.paused): finalizer and Paused condition, no host work
+    # paused (Cluster.spec.paused): the Paused condition and nothing else — no finalizer, no
+    # defaults, no host work; a reconcile forced while paused writes nothing
     paused = await create_cluster(h, unique("pau"), isolated(), paused=True)
+    created = await h.get(LIBVIRT_CLUSTER, paused) or {}
     cond = await wait_condition(h, paused, c.ConditionType.PAUSED, "True", c.Reason.PAUSED)
     assert "is paused" in cond["message"]
+    await reconcile_again(h, paused)
     obj = await h.get(LIBVIRT_CLUSTER, paused) or {}
-    assert c.ConditionType.NETWORK_READY not in conditions_of(obj)
-    assert await h.host().get_network(obj["spec"]["network"]["name"]) is None
+    assert writes(h, paused) == {"PATCH/status": 1}
+    assert obj["spec"] == created["spec"]
+    assert "name" not in obj["spec"]["network"]
+    assert not obj["metadata"].get("finalizers")
+    assert list(conditions_of(obj)) == [c.ConditionType.PAUSED]
     # unpaused: the work happens
     await h.patch(CLUSTER, paused, {"spec": {"paused": False}})
     obj = await h.wait_for(

@@ -162,6 +162,25 @@ async def test_delete_for_move_and_pause_leave_the_domain(harness: ControllerHar
     await harness.wait_gone(LIBVIRT_MACHINE, paused.name)
     assert await leftovers(harness, cluster, paused.name) == []
 
+    # what clusterctl move does: pause, annotate, delete, then strip the finalizers itself,
+    # faster than a reconcile may see the annotation; the domain stays, untouched
+    moved = await harness.make_machine(cluster, "moved")
+    obj = await harness.wait_ready(moved.name)
+    await harness.patch(CLUSTER, cluster.name, {"spec": {"paused": True}})
+    await harness.patch(
+        LIBVIRT_MACHINE,
+        moved.name,
+        {"metadata": {"annotations": {"clusterctl.cluster.x-k8s.io/delete-for-move": ""}}},
+    )
+    await harness.delete(LIBVIRT_MACHINE, moved.name)
+    await harness.patch(LIBVIRT_MACHINE, moved.name, {"metadata": {"finalizers": None}})
+    await harness.wait_gone(LIBVIRT_MACHINE, moved.name)
+    await harness.settle(libvirtmachine.CONTROLLER_NAME)
+    info = await harness.host().get_domain(obj["spec"]["domainUUID"])
+    assert info is not None
+    assert info.state is DomainState.RUNNING
+    assert len(await leftovers(harness, cluster, moved.name)) > 1  # domain, volumes, entries
+
 
 async def test_foreign_tag_on_our_uuid_blocks_deletion(harness: ControllerHarness) -> None:
     """A domain carrying the machine's UUID but someone else's tag is never destroyed."""

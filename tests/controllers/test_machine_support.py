@@ -102,6 +102,36 @@ async def test_workload_clusters_adapter(kubeconfig: Path, control_plane: object
         assert not await workload.ensure_node_provider_id(
             cluster="ns/c", kubeconfig=config, node_name=name, provider_id="libvirt:///other"
         )
+        # the topology labels: set, changed (the zone follows a live migration), others kept
+        zone, region = "topology.kubernetes.io/zone", "topology.kubernetes.io/region"
+        await admin.resource(NODE).patch(
+            ObjectKey("", name), {"metadata": {"labels": {"kubernetes.io/os": "linux"}}}
+        )
+        for host in ("kvm1", "kvm2"):
+            assert await workload.ensure_node_provider_id(
+                cluster="ns/c",
+                kubeconfig=config,
+                node_name=name,
+                provider_id=provider_id,
+                labels={zone: host, region: "eu"},
+            )
+            node = await admin.resource(NODE).get(ObjectKey("", name))
+            labels = node["metadata"]["labels"]
+            assert (labels[zone], labels[region], labels["kubernetes.io/os"]) == (
+                host,
+                "eu",
+                "linux",
+            )
+        # a Node of someone else's machine gets no labels either
+        assert not await workload.ensure_node_provider_id(
+            cluster="ns/c",
+            kubeconfig=config,
+            node_name=name,
+            provider_id="libvirt:///other",
+            labels={zone: "kvm3"},
+        )
+        node = await admin.resource(NODE).get(ObjectKey("", name))
+        assert node["metadata"]["labels"][zone] == "kvm2"
         # a rotated kubeconfig replaces the client; a broken one is a False, not an error
         rotated = yaml.safe_dump(yaml.safe_load(config)).encode()
         assert rotated != config

@@ -18,7 +18,9 @@ stopped and the target's capl owns the cluster. What must hold:
 - target: Cluster unpaused, Machines Running again, LibvirtMachines Ready with the addresses
   re-populated (status was not moved) and their identity (domainUUID, providerID, hostName)
   unchanged; no DomainCreated/DomainRecreated/DomainRestarted events;
-- source: no Cluster API or capl object and no Secret of the cluster left;
+- source: no Cluster API or capl object and no Secret of the cluster left; a Secret with only
+  the `clusterctl.cluster.x-k8s.io/move` label (what capl adds to credentials Secrets, for
+  where owner references are refused) is taken too;
 - the target can run the cluster: a scale-up boots a new worker, and deleting the Cluster
   there removes every domain, volume, network and pool.
 """
@@ -32,8 +34,9 @@ from pathlib import Path
 
 import pytest
 
+from capl.api.constants import CLUSTERCTL_MOVE_LABEL
 from capl.kube import KubeClient
-from capl.runtime.objects import Obj
+from capl.runtime.objects import Obj, ObjectKey
 from capl.runtime.resources import (
     CLUSTER,
     EVENT,
@@ -208,6 +211,22 @@ async def test_clusterctl_move_hands_the_running_domains_to_the_target(
             internal_ip(lm),
         )
     assert set(identity) == set(machines)
+    # a Secret that only carries the label capl puts on credentials Secrets (where an owner
+    # reference is refused, e.g. OwnerReferencesPermissionEnforcement): no owner reference,
+    # clusterctl move must take it on the label alone
+    labelled = f"{name}-labelled-credentials"
+    await source.api.resource(SECRET).create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": labelled,
+                "namespace": ns,
+                "labels": {CLUSTERCTL_MOVE_LABEL: ""},
+            },
+            "data": {"known_hosts": "AAAA"},
+        }
+    )
 
     # move, with both managers running (clusterctl talks to both providers' webhooks)
     t0 = time.monotonic()
@@ -224,8 +243,11 @@ async def test_clusterctl_move_hands_the_running_domains_to_the_target(
     cluster.management = target
     kubelet.retarget(namespace=ns, name=name, management=target.api)
 
-    # the source keeps nothing of the cluster
+    # the source keeps nothing of the cluster (the labelled Secret included)
     assert await left_on(source.api, ns, name) == []
+    taken = await target.api.resource(SECRET).get(ObjectKey(ns, labelled))
+    assert taken["data"] == {"known_hosts": "AAAA"}
+    assert not taken["metadata"].get("ownerReferences")
 
     # the target runs it again: unpaused, every Machine Running, every LibvirtMachine Ready
     # with its identity unchanged and its addresses found again (status was not moved)

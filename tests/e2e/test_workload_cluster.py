@@ -10,7 +10,8 @@ kubelet registers a Node per booted guest in the management API server itself (t
 
 The tests run in order on that one cluster, each setting the replicas it needs first:
 1. every Machine Running, providerIDs equal everywhere (guest SMBIOS, LibvirtMachine,
-   Machine, Node, libvirt domain UUID), addresses equal everywhere (guest lease, DHCP
+   Machine, Node, libvirt domain UUID), each Node labelled topology.kubernetes.io/zone with
+   its machine's host (failure domain), addresses equal everywhere (guest lease, DHCP
    reservation, DNS record, LibvirtMachine/Machine status);
 2. md-ignition 0 -> 3 -> 1 -> 0 with libvirt listed after each step, and the scale-up time
    set against the guests' own boot-to-lease time;
@@ -194,6 +195,18 @@ async def assert_machine_consistent(
     node = await node_of(cluster.api, node_name)
     assert node is not None, f"Node {node_name} missing"
     assert node["spec"]["providerID"] == provider_id
+
+    # the Node carries its failure domain as a cloud provider would set it: the zone is the
+    # machine's host (capl patches it through <cluster>-kubeconfig beside the providerID)
+    host = lm["spec"]["hostName"]
+    assert lm["status"]["failureDomain"] == host
+
+    async def zoned() -> Obj | None:
+        found = await node_of(cluster.api, node_name)
+        labels = ((found or {}).get("metadata") or {}).get("labels") or {}
+        return found if labels.get("topology.kubernetes.io/zone") == host else None
+
+    await eventually(zoned, within=60, what=f"Node {node_name} labelled zone={host}")
 
     # the domain as the template asked
     assert domain.running

@@ -165,6 +165,7 @@ async def test_workers_join_through_ignition_and_cloud_config(
         lm = await real.libvirt_machine(machine)
         assert lm is not None
         assert node["spec"].get("providerID") == lm["spec"]["providerID"]
+        await _zone_labelled(real, node["metadata"]["name"], lm["spec"]["hostName"])
         await _bootstrap_succeeded(real, machine)
         ready_at = _ready_since(node)
         started = _started(lm)
@@ -175,6 +176,20 @@ async def test_workers_join_through_ignition_and_cloud_config(
             f"boot -> Node Ready: median {statistics.median(BOOT_TO_READY):.0f} s,"
             f" max {max(BOOT_TO_READY):.0f} s over {len(BOOT_TO_READY)} nodes"
         )
+
+
+async def _zone_labelled(real: RealCluster, node_name: str, host: str) -> None:
+    """capl labels the Node topology.kubernetes.io/zone=<its machine's host> (the failure
+    domain) through the workload kubeconfig, beside the providerID; a real kubelet that
+    re-registers must not take it away."""
+
+    async def probe() -> bool:
+        node = (await real.nodes()).get(node_name) or {}
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        assert labels.get("topology.kubernetes.io/zone") == host, labels
+        return True
+
+    await eventually(probe, within=120, interval=2, what=f"zone={host} on Node {node_name}")
 
 
 async def _bootstrap_succeeded(real: RealCluster, machine: str) -> None:

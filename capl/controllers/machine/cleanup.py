@@ -5,7 +5,9 @@ that added our finalizer (kubernetes/kubernetes#77988): the patch answers 200, t
 creates the domain, and the object is gone. So the controller remembers, per key, the
 incarnation (UID) it created or found a domain for (`MachineMemory.made`); when a write
 answers 404, or a reconcile finds the object missing from the cache or carrying another UID,
-a live GET confirms it and what was made for that UID is removed (`remove_vanished`): the
+a live GET confirms it and what was made for that UID is removed (`remove_vanished`; never
+while the machine's Cluster is paused: `clusterctl move` removes the finalizers of the
+objects it moved away, possibly before a reconcile saw their delete-for-move annotation): the
 domain only if its owner tag still names that UID, then the volumes, DHCP reservations and
 DNS name (which are named after namespace/name, not the UID) only while no domain holds the
 machine's name on that host. All of it runs inside a reconcile of the key, so it never
@@ -88,6 +90,13 @@ async def remove_vanished(ctx: Context, key: ObjectKey, cached: Obj | None) -> R
     candidates = [x for x in (made, *swept.values()) if x is not None and x.uid != uid]
     for domain_uuid in [u for u, x in swept.items() if x.uid == uid]:
         del swept[domain_uuid]  # the cached object accounts for it after all
+    if made is not None and made.uid != uid and _cluster_paused(ctx, made):
+        # vanished while its Cluster is paused: clusterctl move took it (and removed the
+        # finalizer before a reconcile saw its delete-for-move annotation), or it was
+        # deleted by hand during a pause; either way nothing of it is touched
+        log.info("a LibvirtMachine vanished while its Cluster is paused: its domain is kept")
+        record.made = None
+        candidates.remove(made)
     if not candidates:
         return None
     live = await _live(ctx, key)
@@ -104,6 +113,16 @@ async def remove_vanished(ctx: Context, key: ObjectKey, cached: Obj | None) -> R
             record.made = None
         swept.pop(leftover.domain_uuid, None)
     return None
+
+
+def _cluster_paused(ctx: Context, leftover: Leftover) -> bool:
+    ident = leftover.ident
+    raw = ctx.cache.get(CLUSTER, ObjectKey(ident.namespace, ident.cluster))
+    if raw is None:
+        return False
+    with contextlib.suppress(InvalidObject):
+        return bool(parse(Cluster, raw).spec.paused)
+    return False
 
 
 async def _live(ctx: Context, key: ObjectKey) -> Obj | None:

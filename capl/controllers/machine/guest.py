@@ -7,9 +7,13 @@ requeue (`address_poll`), slowing down (`address_slow_poll`) after `address_time
 message that says where to look. Once Ready nothing polls: domain lifecycle and host
 connection events (Hosts.subscribe) requeue the machine.
 
-The workload Node gets the providerID through the `<cluster>-kubeconfig` Secret while the
-Machine has no nodeRef (requeued every `node_poll` until the Node exists; remembered per
-providerID once done). BootstrapSucceeded is read through the guest agent
+The workload Node gets the providerID and, like a cloud provider would set them, the labels
+`topology.kubernetes.io/zone` (the machine's host: its failure domain) and, when the
+LibvirtCluster has spec.region, `topology.kubernetes.io/region`, through the
+`<cluster>-kubeconfig` Secret (the Node named by the Machine's nodeRef, else the machine's
+hostname; requeued every `node_poll` until the Node exists; remembered per providerID and
+labels once done, so a live migration — spec.hostName changes — moves the zone label with
+the machine). BootstrapSucceeded is read through the guest agent
 (`capl.controllers.machine.bootstrap`).
 """
 
@@ -22,6 +26,7 @@ from capl.api import constants as c
 from capl.controllers.machine.bootstrap import BootstrapSubject, sooner
 from capl.controllers.machine.placement import secret_bytes
 from capl.controllers.machine.plan_addresses import merge_addresses
+from capl.controllers.machine.plan_placement import topology_labels
 from capl.controllers.machine.scope import DONE, MachineScope
 from capl.ports.virt import InterfaceAddress
 from capl.runtime.conditions import get_condition
@@ -72,14 +77,18 @@ def _waiting_for_address(scope: MachineScope) -> Result:
 
 
 async def workload_node(scope: MachineScope) -> Result | None:
-    """Give the workload Node its providerID; a requeue while the Node is missing."""
+    """Give the workload Node its providerID and topology labels (zone: the machine's host;
+    region: the LibvirtCluster's spec.region); a requeue while the Node is missing."""
     on = scope.on
     machine, ident = on.machine, on.ident
-    if machine.status.node_ref is not None and machine.status.node_ref.name:
-        return None
     provider_id = c.PROVIDER_ID_PREFIX + on.domain_uuid
-    if provider_id in scope.record.nodes_done:
+    region = scope.lcluster.spec.region if scope.lcluster is not None else None
+    labels = topology_labels(host=on.target.name, region=region)
+    done = provider_id + " " + " ".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    if done in scope.record.nodes_done:
         return None
+    node_ref = machine.status.node_ref
+    node_name = node_ref.name if node_ref is not None and node_ref.name else ident.hostname
     secret = scope.ctx.cache.get(
         SECRET, ObjectKey(ident.namespace, ident.cluster + KUBECONFIG_SUFFIX)
     )
@@ -88,15 +97,17 @@ async def workload_node(scope: MachineScope) -> Result | None:
     kubeconfig = secret_bytes(secret, c.BOOTSTRAP_DATA_KEY)
     if not kubeconfig:
         return None
-    done = await scope.ctx.deps.workload.ensure_node_provider_id(
+    if await scope.ctx.deps.workload.ensure_node_provider_id(
         cluster=f"{ident.namespace}/{ident.cluster}",
         kubeconfig=kubeconfig,
-        node_name=ident.hostname,
+        node_name=node_name,
         provider_id=provider_id,
-    )
-    if done:
-        scope.record.nodes_done.add(provider_id)
+        labels=labels,
+    ):
+        scope.record.nodes_done = {done}
         return None
+    if node_ref is not None and node_ref.name:
+        return None  # joined: the labels follow on the next reconcile (no polling)
     return Result(requeue_after=scope.ctx.options.node_poll)
 
 

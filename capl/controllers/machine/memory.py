@@ -9,7 +9,7 @@ place when the object is gone or lost our finalizer:
   object (no event for it since: `epoch`) returns without calling libvirt for `settled_ttl`;
 - `failures`, `api_failures`: failures in a row, for the backoffs;
 - `shutdown_requested`: the ACPI shutdown of a deletion was sent (once);
-- `nodes_done`: the providerIDs given to the workload Node;
+- `nodes_done`: the providerID and topology labels given to the workload Node (the last);
 - `made`: the incarnation (UID) this process created or found a domain for, and where:
   removed if that incarnation vanishes (`capl.controllers.machine.cleanup`);
 - `orphans`: domains of other incarnations the sweep confirmed, by domain UUID, until

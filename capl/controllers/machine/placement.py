@@ -12,7 +12,13 @@ Deletion finds the host again (`locate`): from the LibvirtCluster when it still 
 from the placement annotation (host URI, pool, network, credentials Secret name) written
 with the identity — what a forced deletion or `clusterctl move` (no status) still has.
 
-Conditions left behind (DomainProvisioned, through `Problem`): `HostNotFound` (a named host
+Failure domains are authoritative: a machine not created yet whose spec.hostName names
+another host than its Machine's spec.failureDomain is not placed at all
+(`plan_placement.wanted_host`): DomainProvisioned False/`FailureDomainConflict` naming both
+fields, a Warning Event, nothing created; a change of either object reconciles it again.
+
+Conditions left behind (DomainProvisioned, through `Problem`): `FailureDomainConflict`,
+`HostNotFound` (a named host
 that is not in the spec or is in maintenance, or no usable host: none allows control-plane
 machines, or all that would are in maintenance), `Unreachable` (no host answers),
 `CredentialsInvalid`, `InternalError` (an unreadable LibvirtCluster layout).
@@ -53,6 +59,7 @@ from capl.controllers.machine.options import LOGGER
 from capl.controllers.machine.plan import Failure
 from capl.controllers.machine.plan_placement import (
     PLACEMENT_ANNOTATION,
+    FailureDomainConflict,
     HostCandidate,
     Placement,
     choose_host,
@@ -60,6 +67,7 @@ from capl.controllers.machine.plan_placement import (
     no_placeable_host,
     pinned_refusal,
     placeable_hosts,
+    wanted_host,
 )
 from capl.controllers.machine.scope import Context, MachineScope, Problem
 from capl.controllers.machine.target import Target
@@ -82,7 +90,15 @@ async def place(scope: MachineScope) -> Target:
         lay = layout(lcluster)
     except InvalidObject as exc:
         raise Problem(Failure(c.Reason.INTERNAL_ERROR, str(exc), True)) from None
-    wanted = lm.spec.host_name or machine.spec.failure_domain
+    created = bool(lm.spec.domain_uuid or lm.spec.provider_id)
+    wanted = wanted_host(
+        host_name=lm.spec.host_name,
+        failure_domain=machine.spec.failure_domain,
+        created=created,
+        machine=f"{namespace}/{machine.metadata.name}",
+    )
+    if isinstance(wanted, FailureDomainConflict):
+        raise Problem(Failure(c.Reason.FAILURE_DOMAIN_CONFLICT, wanted.message, False))
     if wanted:
         entry = find_host(lcluster, wanted)
         if entry is None:
@@ -94,7 +110,6 @@ async def place(scope: MachineScope) -> Target:
                     False,
                 )
             )
-        created = bool(lm.spec.domain_uuid or lm.spec.provider_id)
         refusal = None if created else pinned_refusal(entry)
         if refusal is not None:  # cordoned: only the machines created before stay there
             raise Problem(Failure(c.Reason.HOST_NOT_FOUND, refusal, False))

@@ -1,5 +1,10 @@
 """Pure decisions of placement: which host a new machine goes to, and where it went.
 
+- `wanted_host`: the host a machine is pinned to, if any. Cluster API's spreading is
+  authoritative: a machine not created yet whose `spec.hostName` names another host than its
+  Machine's `spec.failureDomain` is refused (`FailureDomainConflict`), never silently placed
+  on either. Once created, `spec.hostName` is where the domain lives (a live migration may
+  have moved it out of its failure domain): it wins.
 - `placeable_hosts` / `pinned_refusal` / `no_placeable_host`: which of the LibvirtCluster's
   hosts may take a new machine at all — control-plane machines only `controlPlane: true`
   hosts, nobody a host in maintenance (`spec.hosts[].maintenance`: cordoned) — and what the
@@ -9,6 +14,8 @@
   machines already placed there whose domains do not run yet (`committed_memory`,
   `pending_on_host`: keeps a burst of placements from all landing on the host that looked
   emptiest).
+- `topology_labels`: the labels of the workload Node, as a cloud provider sets them: zone =
+  the machine's host (its failure domain), region = the LibvirtCluster's spec.region.
 - `Placement`: the record of where a machine's resources live, kept in an annotation with the
   identity (`clusterctl move` restores no status); deletion falls back to it when the
   LibvirtCluster is gone.
@@ -23,10 +30,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from capl.api import constants as c
 from capl.api.cluster import LibvirtHost
 
 __all__ = [
     "PLACEMENT_ANNOTATION",
+    "FailureDomainConflict",
     "HostCandidate",
     "Placement",
     "choose_host",
@@ -36,12 +45,46 @@ __all__ = [
     "pending_on_host",
     "pinned_refusal",
     "placeable_hosts",
+    "topology_labels",
+    "wanted_host",
 ]
 
 MIB: Final = 1024**2
 
 
 # --- which hosts may take a new machine ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FailureDomainConflict:
+    """spec.hostName and the Machine's spec.failureDomain name different hosts."""
+
+    message: str
+
+
+def wanted_host(
+    *,
+    host_name: str | None,
+    failure_domain: str | None,
+    created: bool,
+    machine: str,
+) -> str | FailureDomainConflict | None:
+    """The host a machine is pinned to (None: capl chooses), or the conflict that keeps a
+    machine not created yet from being placed at all.
+
+    `machine` is the Machine's namespace/name, for the message. `created`: the identity is
+    recorded (spec.domainUUID or spec.providerID): spec.hostName is then where the domain
+    lives, whatever the failure domain says (a live migration moves machines across hosts).
+    """
+    if created or not host_name or not failure_domain or host_name == failure_domain:
+        return host_name or failure_domain or None
+    return FailureDomainConflict(
+        f"spec.hostName {host_name!r} conflicts with Machine {machine}'s spec.failureDomain "
+        f"{failure_domain!r}: Cluster API places this machine in failure domain "
+        f"{failure_domain!r}; change the Machine's failure domain, or replace the machine "
+        f"from a LibvirtMachineTemplate whose hostName is empty or {failure_domain!r} "
+        "(hostName is immutable); nothing is created until they agree"
+    )
 
 
 def cordoned_message(host: LibvirtHost) -> str:
@@ -81,6 +124,15 @@ def no_placeable_host(hosts: Sequence[LibvirtHost], *, control_plane: bool) -> s
         f"no {what} of the LibvirtCluster can take a new machine: {names} "
         f"{'is' if len(cordoned) == 1 else 'are'} in maintenance"
     )
+
+
+def topology_labels(*, host: str, region: str | None) -> dict[str, str]:
+    """The well-known topology labels of a machine's Node: the zone is its host (a failure
+    domain; host names are DNS labels, valid label values), the region the cluster's."""
+    labels = {c.ZONE_LABEL: host}
+    if region:
+        labels[c.REGION_LABEL] = region
+    return labels
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,13 +7,17 @@ The steps are done by the services of this package; this module only decides the
 (see `LibvirtMachineReconciler._provision` and `_delete`) and what wakes a machine.
 
 Gates (the InfraMachine contract, in order)
-    owner Machine (a MachineSet-owned object waits until the Machine adopts it) -> finalizer
-    -> pause (Paused condition) -> cluster infrastructure provisioned (never blocks deletion)
-    -> bootstrap data Secret (key `value`, optional `format`) -> create.
+    owner Machine (a MachineSet-owned object waits until the Machine adopts it) -> pause
+    (the Cluster's spec.paused or the paused annotation: the Paused condition is the only
+    write, checked before the finalizer and everything else, deletion included) -> finalizer
+    -> cluster infrastructure provisioned (never blocks deletion) -> bootstrap data Secret
+    (key `value`, optional `format`) -> create.
 
 Identity first
     Placement (`placement`) is chosen and written *before anything is created*, in one spec
-    patch together with the finalizer: spec.hostName, spec.domainUUID (a fresh uuid4),
+    patch together with the finalizer: spec.hostName (Machine.spec.failureDomain is
+    authoritative: a conflicting spec.hostName stops here, `placement`), spec.domainUUID
+    (a fresh uuid4),
     spec.providerID `libvirt:///<uuid>` (write-once by CEL) and the placement annotation
     (host URI, pool, network; what deletion needs if the LibvirtCluster is gone). The domain
     is defined with that UUID (`domain`, `create`).
@@ -277,13 +281,15 @@ class LibvirtMachineReconciler:
         leaves behind when it stops the reconcile:
 
         1. owner Machine        (waits without a write until a Machine owns the object)
+        3. pause                Paused: Paused (else NotPaused); checked before any other
+                                write: a paused machine gets nothing else, not even the
+                                finalizer (the Cluster is read from the cache first)
         2. finalizer, Cluster   DomainProvisioned: WaitingForCluster
-        3. pause                Paused: Paused (else NotPaused)
         4. infrastructure       DomainProvisioned: WaitingForClusterInfrastructure
         5. bootstrap data       BootstrapDataDelivered, DomainProvisioned:
                                 WaitingForBootstrapData, BootstrapDataInvalid
-        6. placement            DomainProvisioned: HostNotFound, Unreachable,
-                                CredentialsInvalid, InternalError
+        6. placement            DomainProvisioned: FailureDomainConflict, HostNotFound,
+                                Unreachable, CredentialsInvalid, InternalError
         7. identity             (the spec patch: hostName, domainUUID, providerID, placement)
         8. domain               DomainProvisioned: Running, DomainRecreated, DomainRestarted,
                                 DomainNotRunning, or the libvirt error's reason
@@ -296,8 +302,10 @@ class LibvirtMachineReconciler:
         """
         if not self._owner_machine(scope):  # 1
             return DONE
-        if not (self._cluster(scope) and self._unpaused(scope) and self._infrastructure(scope)):
-            return await scope.close(DONE)  # 2-4
+        if not self._unpaused(scope):  # 3, before any other write: only Paused changes
+            return await scope.close_paused()
+        if not (self._cluster(scope) and self._infrastructure(scope)):
+            return await scope.close(DONE)  # 2, 4
         if not _not_migrating(scope):
             return await scope.close(DONE)  # a live migration moves the domain
         try:
@@ -340,17 +348,18 @@ class LibvirtMachineReconciler:
             log.debug("owner Machine not in the cache yet", machine=ref.name)
             return False
         scope.machine = parse(Machine, machine_raw)
-        add_finalizer(scope.desired, c.MACHINE_FINALIZER)
+        name = scope.lm.metadata.label(c.CLUSTER_NAME_LABEL) or scope.machine.spec.cluster_name
+        scope.cluster_name = name
+        cluster_raw = self.cache.get(CLUSTER, ObjectKey(scope.namespace, name)) if name else None
+        scope.cluster = None if cluster_raw is None else parse(Cluster, cluster_raw)
         return True
 
     def _cluster(self, scope: MachineScope) -> bool:
-        """Gate 2: the Cluster, from the cache."""
-        lm, machine = scope.lm, scope.machine
-        assert machine is not None
-        name = lm.metadata.label(c.CLUSTER_NAME_LABEL) or machine.spec.cluster_name
-        scope.cluster_name = name
-        cluster_raw = self.cache.get(CLUSTER, ObjectKey(scope.namespace, name)) if name else None
-        if cluster_raw is None:
+        """Gate 2 (after pause): the finalizer, and the Cluster (read by gate 1)."""
+        lm = scope.lm
+        add_finalizer(scope.desired, c.MACHINE_FINALIZER)
+        name = scope.cluster_name
+        if scope.cluster is None:
             provisioned = _provisioned(lm)
             scope.set(
                 c.ConditionType.DOMAIN_PROVISIONED,
@@ -359,11 +368,11 @@ class LibvirtMachineReconciler:
                 "" if provisioned else f"Cluster {scope.namespace}/{name} not found",
             )
             return False
-        scope.cluster = parse(Cluster, cluster_raw)
         return True
 
     def _unpaused(self, scope: MachineScope) -> bool:
-        """Gate 3: pause (the Cluster's spec.paused or the paused annotation)."""
+        """Gate 3: pause (the Cluster's spec.paused or the paused annotation), before any
+        other write (finalizer, identity, defaults): paused, only the Paused condition."""
         if paused(scope.cluster, scope.lm.metadata):
             scope.set(c.ConditionType.PAUSED, True, c.Reason.PAUSED)
             return False
@@ -428,7 +437,10 @@ class LibvirtMachineReconciler:
 
     async def _delete(self, scope: MachineScope) -> Result:
         """The steps of a machine being deleted: finalizer (none: forget it) -> moved away
-        (delete-for-move: drop the finalizer only) -> pause (Paused) -> Ready False/Deleting
+        (delete-for-move: forgotten, nothing of it is ever removed) -> pause (only the Paused
+        condition; clusterctl move drops the finalizers itself) -> moved away and not paused
+        (drop the finalizer only) ->
+        Ready False/Deleting
         -> nothing ever created (drop the finalizer) -> locate the host (none: HostNotFound
         event, drop the finalizer) -> domain, volumes, network entries (`delete`; the
         failure's reason in DomainProvisioned, Ready's message) -> drop the finalizer."""
@@ -436,10 +448,12 @@ class LibvirtMachineReconciler:
         if not md.has_finalizer(c.MACHINE_FINALIZER):
             self.memory.forget(scope.key)
             return DONE
-        if md.has_annotation(DELETE_FOR_MOVE_ANNOTATION):
+        moving = md.has_annotation(DELETE_FOR_MOVE_ANNOTATION)
+        if moving:
             # clusterctl move deletes the source objects: the domain now belongs to the
-            # target management cluster and must not be touched
-            return await scope.release()
+            # target management cluster and must not be touched, also once this object is
+            # gone (nothing made for it is a leftover to remove)
+            self.memory.forget(scope.key)
         cluster_raw = self.cache.get(
             CLUSTER, ObjectKey(scope.namespace, md.label(c.CLUSTER_NAME_LABEL) or "")
         )
@@ -448,8 +462,13 @@ class LibvirtMachineReconciler:
             with contextlib.suppress(InvalidObject):
                 cluster = parse(Cluster, cluster_raw)
         if paused(cluster, md):
+            # clusterctl move pauses the Cluster and removes the finalizers itself
             scope.set(c.ConditionType.PAUSED, True, c.Reason.PAUSED)
-            return await scope.close_deleting(DONE)
+            with contextlib.suppress(ApiNotFound):
+                return await scope.close_paused()
+            return DONE
+        if moving:
+            return await scope.release()  # unpaused: the finalizer only
         scope.set(c.ConditionType.READY, False, c.Reason.DELETING, "deleting the domain")
         if scope.lm.spec.migration_target:
             # the migration controller aborts the job when the machine is deleted and then

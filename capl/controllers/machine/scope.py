@@ -39,7 +39,7 @@ from capl.runtime.controller import Result
 from capl.runtime.errors import NotFound as ApiNotFound
 from capl.runtime.events import EventType
 from capl.runtime.informer import Cache
-from capl.runtime.objects import Obj, ObjectKey, meta
+from capl.runtime.objects import Obj, ObjectKey, copy_obj, meta
 from capl.runtime.patch import Patcher, diff
 
 __all__ = [
@@ -215,6 +215,23 @@ class MachineScope:
         if new is not before:
             self.raced = _fingerprint(new) != intended
         return result
+
+    async def close_paused(self) -> Result:
+        """The end of a reconcile stopped by pause: the Paused condition (set by the gate) is
+        the only change written — no finalizer, no Ready summary, no observedGeneration
+        besides the condition's own."""
+        paused = get_condition(self.desired, c.ConditionType.PAUSED)
+        assert paused is not None, "the pause gate sets the condition"
+        self.patcher.obj = copy_obj(self.current)
+        conditions: list[dict[str, Any]] = self.status.setdefault("conditions", [])
+        at = [i for i, cond in enumerate(conditions) if cond.get("type") == c.ConditionType.PAUSED]
+        if at:
+            conditions[at[0]] = dict(paused)
+        else:
+            conditions.append(dict(paused))
+        if self.patcher.changed():
+            await self.patcher.apply()
+        return DONE
 
     async def close_deleting(self, result: Result) -> Result:
         """The end of a deletion step that waits (shutdown) or failed: its conditions."""

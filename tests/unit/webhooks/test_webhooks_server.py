@@ -239,6 +239,22 @@ async def test_validating_denies_what_it_cannot_parse(client: Any) -> None:
     assert "spec.cpus" in response["status"]["message"]
 
 
+@pytest.mark.parametrize("region", ["-eu", "eu west", "x" * 64, "eu/west", ""])
+async def test_validating_cluster_region_must_be_a_label_value(client: Any, region: str) -> None:
+    c, _, _ = client
+    obj = cluster_obj(cidr="10.0.1.0/24", region=region)
+    response = await post(c, VALIDATE_CLUSTER, review("LibvirtCluster", obj))
+    assert response["allowed"] is False
+    assert response["status"]["message"].startswith("spec.region: ")
+
+
+async def test_validating_cluster_region_label_value_accepted(client: Any) -> None:
+    c, _, _ = client
+    obj = cluster_obj(cidr="10.0.1.0/24", region="eu-west_1.a")
+    response = await post(c, VALIDATE_CLUSTER, review("LibvirtCluster", obj))
+    assert response["allowed"] is True, response
+
+
 async def test_objects_being_deleted_are_not_validated(client: Any) -> None:
     c, _, _ = client
     old = cluster_obj(cidr="10.0.0.0/24")
