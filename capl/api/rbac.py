@@ -13,7 +13,12 @@ here is not used, or a request is not granted):
 - capl's own kinds: `list` and `watch` (informers; every read is served from the cache, so
   no `get`); `patch` for finalizers and spec write-backs (providerID, domainUUID, hostName,
   endpoint, defaults; merge patches carry a resourceVersion precondition where lists change,
-  so no `update` is needed). Templates are never read by the manager: not listed.
+  so no `update` is needed).
+- LibvirtMachineTemplates: `list` and `watch` (the template controller's informer) and
+  `patch` on `libvirtmachinetemplates/status` only: the manager keeps `status.capacity` and
+  `status.nodeInfo` (what the Cluster API autoscaler reads to scale from zero) in sync with
+  the spec, one status patch when they differ. The spec is never written. LibvirtCluster
+  templates are never read by the manager: not listed.
 - `/status`: patched once per reconcile with the computed diff.
 - LibvirtMachineMigrations: `list`, `watch`, `patch` (finalizer) and `/status` like the
   above, plus `create` and `delete`: a host in maintenance is evacuated by migrations the
@@ -71,6 +76,7 @@ class PolicyRule:
 
 _OWN = (Plural.LIBVIRT_CLUSTERS.value, Plural.LIBVIRT_MACHINES.value)
 _MIGRATIONS = Plural.LIBVIRT_MACHINE_MIGRATIONS.value
+_MACHINE_TEMPLATES = Plural.LIBVIRT_MACHINE_TEMPLATES.value
 
 MANAGER_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(
@@ -105,7 +111,12 @@ MANAGER_RULES: tuple[PolicyRule, ...] = (
     ),
     PolicyRule(
         api_groups=(GROUP,),
-        resources=tuple(f"{r}/status" for r in (*_OWN, _MIGRATIONS)),
+        resources=(_MACHINE_TEMPLATES,),
+        verbs=("list", "watch"),
+    ),
+    PolicyRule(
+        api_groups=(GROUP,),
+        resources=tuple(f"{r}/status" for r in (*_OWN, _MIGRATIONS, _MACHINE_TEMPLATES)),
         verbs=("patch",),
     ),
 )
