@@ -37,13 +37,13 @@ import yaml
 
 from capl.api import constants as c
 from capl.kube import KubeClient
-from capl.runtime.resources import NAMESPACE, SECRET
+from capl.runtime.resources import LIBVIRT_MACHINE_TEMPLATE, NAMESPACE, SECRET
 from capl.testbed import AssetsMissing, ControlPlane, find_assets
 from capl.testing.crds import CRD_DIR
 from capl.testing.objects import libvirt_machine_spec
 from tests.fixtures.bed import Host
 from tests.fixtures.capl import CaplManagerFactory
-from tests.fixtures.common import require_part
+from tests.fixtures.common import eventually, require_part
 from tests.fixtures.libvirt import ignition_config
 from tests.fixtures.objects import install_capi_crds
 from tests.fixtures.transports import TlsLibvirtd
@@ -279,6 +279,21 @@ async def test_the_role_grants_what_the_manager_uses_and_nothing_more(
             reason=c.Reason.BOOTSTRAP_DATA_INVALID,
             within=60,
         )
+        # the template controller: list/watch templates, patch templates/status (capacity)
+        await admin.resource(LIBVIRT_MACHINE_TEMPLATE).create(
+            {
+                "apiVersion": LIBVIRT_MACHINE_TEMPLATE.api_version,
+                "kind": LIBVIRT_MACHINE_TEMPLATE.kind,
+                "metadata": {"name": "workers", "namespace": namespace},
+                "spec": {"template": {"spec": spec}},
+            }
+        )
+
+        async def template_capacity() -> bool:
+            template = await admin.resource(LIBVIRT_MACHINE_TEMPLATE).get(bed.key("workers"))
+            return bool((template.get("status") or {}).get("capacity"))
+
+        await eventually(template_capacity, within=30, what="the template's status.capacity")
 
         async def secret_owned() -> bool:
             secret = await admin.resource(SECRET).get(bed.key("tls-credentials"))
