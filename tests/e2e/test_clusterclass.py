@@ -99,7 +99,7 @@ class ClassBed:
             return await self.api.resource(resource).get(ObjectKey(self.namespace, name))
         return None
 
-    async def list(self, resource: Resource, selector: str | None = None) -> list[Obj]:
+    async def list_objects(self, resource: Resource, selector: str | None = None) -> list[Obj]:
         listing = await self.api.resource(resource).list(
             namespace=self.namespace, label_selector=selector
         )
@@ -197,7 +197,7 @@ async def _delete_clusters(bed: ClassBed) -> None:
 
 
 async def _none_left(bed: ClassBed) -> bool:
-    left = await bed.list(LIBVIRT_CLUSTER)
+    left = await bed.list_objects(LIBVIRT_CLUSTER)
     assert not left, [o["metadata"]["name"] for o in left]
     return True
 
@@ -294,7 +294,9 @@ async def libvirt_cluster_of(bed: ClassBed, name: str) -> Obj:
 
 async def worker_machines(bed: ClassBed, cluster: str) -> list[Obj]:
     """The LibvirtMachines of the cluster's md-0 Machines that are not being deleted."""
-    machines = await bed.list(MACHINE, f"{CLUSTER_NAME_LABEL}={cluster},{MD_TOPOLOGY_LABEL}=md-0")
+    machines = await bed.list_objects(
+        MACHINE, f"{CLUSTER_NAME_LABEL}={cluster},{MD_TOPOLOGY_LABEL}=md-0"
+    )
     found = []
     for machine in machines:
         if machine["metadata"].get("deletionTimestamp"):
@@ -307,7 +309,7 @@ async def worker_machines(bed: ClassBed, cluster: str) -> list[Obj]:
 
 async def md_of(bed: ClassBed, cluster: str) -> Obj:
     async def one() -> Obj:
-        mds = await bed.list(
+        mds = await bed.list_objects(
             MACHINE_DEPLOYMENT, f"{CLUSTER_NAME_LABEL}={cluster},{MD_TOPOLOGY_LABEL}=md-0"
         )
         assert len(mds) == 1, [m["metadata"]["name"] for m in mds]
@@ -404,7 +406,7 @@ async def test_cluster_from_the_class_scales_and_rolls_out(bed: ClassBed) -> Non
 
     # Change a variable: the worker template is rotated and the machines rolled over.
     t3 = time.monotonic()
-    with_variables(cluster, workerCPUs=2, workerMemoryMiB=192)
+    with_variables(cluster, workerCPUs=2, workerMemoryMiB=192, controlPlaneCPUs=2)
     await patch_cluster(
         bed,
         "alpha",
@@ -430,6 +432,20 @@ async def test_cluster_from_the_class_scales_and_rolls_out(bed: ClassBed) -> Non
         lambda: _template_status(bed, new_template), within=30, what="rotated template status"
     )
     assert status["capacity"] == {"cpu": "2", "memory": "192Mi"}
+
+    # the control plane's template is rotated too (KubeadmControlPlane points at the new one;
+    # its own rollout waits for a healthy workload control plane, which does not exist here)
+    async def cp_rotated() -> Obj:
+        kcp = await bed.get(KUBEADM_CONTROL_PLANE, kcp_ref["name"])
+        assert kcp is not None
+        ref = kcp["spec"]["machineTemplate"]["spec"]["infrastructureRef"]["name"]
+        assert ref != cp_template["metadata"]["name"], "the control-plane template not rotated"
+        rotated = await bed.get(LIBVIRT_MACHINE_TEMPLATE, ref)
+        assert rotated is not None
+        return rotated
+
+    rotated_cp = await eventually(cp_rotated, within=30, what="control-plane template rotated")
+    assert rotated_cp["spec"]["template"]["spec"]["cpus"] == 2
     report(
         f"clusterclass: Cluster applied -> workers rolled out to the new size in "
         f"{time.monotonic() - t0:.1f} s"
@@ -490,7 +506,9 @@ async def test_two_clusters_from_one_class_on_one_host(bed: ClassBed) -> None:
     report(f"clusterclass: gamma's TopologyReconciled: {message[:200]}")
     assert f"{bed.cidrs[0]} overlaps {bed.cidrs[0]}" in message, message
     owned = [
-        o for o in await bed.list(LIBVIRT_CLUSTER) if o["metadata"]["name"].startswith("gamma")
+        o
+        for o in await bed.list_objects(LIBVIRT_CLUSTER)
+        if o["metadata"]["name"].startswith("gamma")
     ]
     assert owned == [], [o["metadata"]["name"] for o in owned]
 
