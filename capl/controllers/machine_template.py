@@ -9,25 +9,30 @@ says (`capl.api.templates.machine_template_status`).
 
 One reconcile, level-based, no libvirt: read the template from the cache (or our own newer
 write), compute the status from `spec.template.spec`, and send one status patch when it
-differs; nothing when it is already in sync. It watches LibvirtMachineTemplates only, every
+differs; nothing when it is already in sync. It watches LibvirtMachineTemplates, every
 change (a status change by anyone else is put right as well; our own write comes back as
-one reconcile that finds nothing to do). A template with the `cluster.x-k8s.io/paused`
-annotation, or being deleted, is not written. A template this version cannot read (spec
-invalid for its model) is logged and left alone, not retried.
+one reconcile that finds nothing to do), and Clusters, mapped to the templates labelled with
+their name (`cluster.x-k8s.io/cluster-name`, as the topology controller labels the templates
+it makes), for pause. Pause means no writes: a template with the `cluster.x-k8s.io/paused`
+annotation, or whose Cluster has `spec.paused` (e.g. during `clusterctl move`), or being
+deleted, is not written; unpausing the Cluster brings its templates up to date. A template
+this version cannot read (spec invalid for its model) is logged and left alone, not retried.
 """
 
 from __future__ import annotations
 
 import structlog
 
-from capl.api.capi import is_paused
+from capl.api.capi import Cluster, is_paused
+from capl.api.constants import CLUSTER_NAME_LABEL
 from capl.api.templates import LibvirtMachineTemplate, machine_template_status
 from capl.controllers.common import Deps, InvalidObject, parse
-from capl.runtime.controller import Controller, Result
+from capl.runtime.controller import Controller, Result, Watch
+from capl.runtime.handlers import map_cluster_members
 from capl.runtime.manager import Manager
-from capl.runtime.objects import ObjectKey, meta
+from capl.runtime.objects import Obj, ObjectKey, labels, meta
 from capl.runtime.patch import Patcher, ReadYourWrites
-from capl.runtime.resources import LIBVIRT_MACHINE_TEMPLATE
+from capl.runtime.resources import CLUSTER, LIBVIRT_MACHINE_TEMPLATE
 
 __all__ = ["CONTROLLER_NAME", "MachineTemplateReconciler", "setup"]
 
@@ -57,7 +62,7 @@ class MachineTemplateReconciler:
                 "template not readable; status left alone", template=str(key), error=str(exc)
             )
             return DONE
-        if is_paused(cluster=None, obj=template.metadata):
+        if is_paused(cluster=self._cluster_of(obj), obj=template.metadata):
             return DONE
         desired = machine_template_status(template.spec.template.spec)
         current = obj.get("status") or {}
@@ -72,6 +77,17 @@ class MachineTemplateReconciler:
         log.info("template status updated", template=str(key), **desired["capacity"])
         return DONE
 
+    def _cluster_of(self, obj: Obj) -> Cluster | None:
+        """The Cluster the template is labelled with, from the cache (None: none, unknown)."""
+        name = labels(obj).get(CLUSTER_NAME_LABEL)
+        if not name:
+            return None
+        raw = self.deps.cache.get(CLUSTER, ObjectKey(meta(obj).get("namespace") or "", name))
+        try:
+            return parse(Cluster, raw) if raw is not None else None
+        except InvalidObject:
+            return None
+
 
 def setup(manager: Manager, deps: Deps) -> Controller:
     """Register the LibvirtMachineTemplate controller (`deps.cache` is `manager.cache`)."""
@@ -80,6 +96,7 @@ def setup(manager: Manager, deps: Deps) -> Controller:
         CONTROLLER_NAME,
         for_=LIBVIRT_MACHINE_TEMPLATE,
         reconciler=reconciler,
+        watches=(Watch(CLUSTER, map_cluster_members(manager.cache, LIBVIRT_MACHINE_TEMPLATE)),),
         predicates=(),
         concurrency=1,
     )

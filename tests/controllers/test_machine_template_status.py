@@ -8,7 +8,6 @@ dry runs and users without capl's webhooks can): the status must follow it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,24 +15,13 @@ import pytest
 from capl.api import constants as c
 from capl.controllers import machine_template
 from capl.runtime.objects import Obj, ObjectKey
-from capl.runtime.resources import LIBVIRT_MACHINE_TEMPLATE
-from capl.testbed import ControlPlane
-from capl.testing.harness import ControllerHarness, close_harness, new_harness
+from capl.runtime.resources import CLUSTER, LIBVIRT_MACHINE_TEMPLATE
+from capl.testing.harness import ControllerHarness
+from capl.testing.objects import cluster_obj
 
 pytestmark = [pytest.mark.apiserver]
 
 NAME = machine_template.CONTROLLER_NAME
-
-
-@pytest.fixture
-async def harness(control_plane: ControlPlane, namespace: str) -> AsyncIterator[ControllerHarness]:
-    """The template controller needs capl's CRDs only (not Cluster API's, unlike
-    tests/controllers/conftest.py's `harness`)."""
-    h = await new_harness(control_plane.kubeconfig, namespace)
-    try:
-        yield h
-    finally:
-        await close_harness(h)
 
 
 def template(name: str, namespace: str, *, cpus: int, memory_mib: int) -> dict[str, Any]:
@@ -110,3 +98,27 @@ async def test_paused_template_is_not_written(harness: ControllerHarness) -> Non
     unpause = {"metadata": {"annotations": {c.PAUSED_ANNOTATION: None}}}
     await templates.patch(ObjectKey(harness.namespace, "paused"), unpause)
     await harness.wait_for(LIBVIRT_MACHINE_TEMPLATE, "paused", status_is("1", "512Mi"))
+
+
+async def test_template_of_a_paused_cluster_is_not_written(harness: ControllerHarness) -> None:
+    """Pause means no writes: a template labelled with a Cluster that has spec.paused (as the
+    topology controller labels its templates; clusterctl move pauses the Cluster) keeps its
+    status until the Cluster is unpaused."""
+    await harness.start(machine_template.setup)
+    ns = harness.namespace
+    await harness.api.resource(CLUSTER).create(
+        cluster_obj("moving", ns, libvirt_cluster="moving", paused=True)
+    )
+    labelled = template("moving-md-0", ns, cpus=2, memory_mib=1024)
+    labelled["metadata"]["labels"] = {c.CLUSTER_NAME_LABEL: "moving"}
+    await harness.reconciled_after(
+        NAME, harness.api.resource(LIBVIRT_MACHINE_TEMPLATE).create(labelled)
+    )
+    await harness.settle(NAME)
+    assert harness.writes(LIBVIRT_MACHINE_TEMPLATE, "moving-md-0") == {}
+
+    # the Cluster resumes: its templates are brought up to date without a change of their own
+    await harness.api.resource(CLUSTER).patch(ObjectKey(ns, "moving"), {"spec": {"paused": False}})
+    await harness.wait_for(LIBVIRT_MACHINE_TEMPLATE, "moving-md-0", status_is("2", "1024Mi"))
+    await harness.settle(NAME)
+    assert harness.writes(LIBVIRT_MACHINE_TEMPLATE, "moving-md-0") == {"PATCH/status": 1}
