@@ -333,58 +333,13 @@ async def patch_cluster(bed: ClassBed, name: str, change: Mapping[str, Any]) -> 
 
 async def test_cluster_from_the_class_scales_and_rolls_out(bed: ClassBed) -> None:
     t0 = time.monotonic()
-    cidr = await asyncio.to_thread(_free_cidr, bed.host)
-    bed.cidrs.append(cidr)
-    docs = await generate(bed, "alpha", cidr=cidr)
-    kinds = sorted(d["kind"] for d in docs)
-    assert kinds == sorted(
-        [
-            "ClusterClass", "LibvirtClusterTemplate", "LibvirtMachineTemplate",
-            "LibvirtMachineTemplate", "KubeadmControlPlaneTemplate", "KubeadmConfigTemplate",
-            "Cluster",
-        ]
-    ), kinds  # fmt: skip
-    await apply_class(bed, docs)
-    (cluster,) = [d for d in docs if d["kind"] == "Cluster"]
-    await bed.kubectl_apply([cluster])
-
-    # The LibvirtCluster from the class, shaped by hosts, networkCIDR, networkMode.
-    try:
-        lc = await libvirt_cluster_of(bed, "alpha")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{bed.logs()}") from None
-    record_timing(
-        "clusterclass: Cluster applied -> LibvirtCluster provisioned", time.monotonic() - t0
-    )
-    assert [(h["name"], h["uri"]) for h in lc["spec"]["hosts"]] == [("host0", bed.host)]
-    assert (lc["spec"]["network"]["cidr"], lc["spec"]["network"]["mode"]) == (cidr, "isolated")
-    pool = lc["spec"]["storagePool"]["name"]
-    await asyncio.to_thread(put_base_volume, bed.host, pool, BASE_VOLUME)
-
-    # The control plane: a KubeadmControlPlane whose machine template has the class's size.
-    kcp_ref = (await bed.get(CLUSTER, "alpha") or {})["spec"]["controlPlaneRef"]
-    kcp = await bed.get(KUBEADM_CONTROL_PLANE, kcp_ref["name"])
-    assert kcp is not None
-    assert kcp["spec"]["version"] == KUBERNETES_VERSION
-    cp_template = await bed.get(
-        LIBVIRT_MACHINE_TEMPLATE,
-        kcp["spec"]["machineTemplate"]["spec"]["infrastructureRef"]["name"],
-    )
-    assert cp_template is not None
-    assert (
-        cp_template["spec"]["template"]["spec"]["cpus"],
-        cp_template["spec"]["template"]["spec"]["memoryMiB"],
-    ) == (1, 256)
+    cluster = await _create_from_the_class(bed, "alpha")
+    kcp_name, cp_template = await _control_plane_of(bed, "alpha", cpus=1, memory_mib=256)
 
     # The workers: md-0 once the control plane has a machine; its template carries the
     # autoscaler's capacity (capl's template controller).
     t1 = time.monotonic()
-    md = await md_of(bed, "alpha")
-    first_template = md["spec"]["template"]["spec"]["infrastructureRef"]["name"]
-    status = await eventually(
-        lambda: _template_status(bed, first_template), within=30, what="template status"
-    )
-    assert status["capacity"] == {"cpu": "1", "memory": "128Mi"}
+    first_template = await _worker_template(bed, "alpha", capacity=("1", "128Mi"))
     await eventually(
         lambda: _check(worker_machines(bed, "alpha"), sized(1, 128, 1)),
         within=90, what="one worker LibvirtMachine of 1 vCPU, 128 MiB",
@@ -404,14 +359,11 @@ async def test_cluster_from_the_class_scales_and_rolls_out(bed: ClassBed) -> Non
     )  # fmt: skip
     record_timing("clusterclass: scale md-0 1 -> 2", time.monotonic() - t2)
 
-    # Change a variable: the worker template is rotated and the machines rolled over.
+    # Change variables: the templates are rotated and the workers rolled over.
     t3 = time.monotonic()
     with_variables(cluster, workerCPUs=2, workerMemoryMiB=192, controlPlaneCPUs=2)
-    await patch_cluster(
-        bed,
-        "alpha",
-        {"spec": {"topology": {"variables": cluster["spec"]["topology"]["variables"]}}},
-    )
+    variables = cluster["spec"]["topology"]["variables"]
+    await patch_cluster(bed, "alpha", {"spec": {"topology": {"variables": variables}}})
     try:
         await eventually(
             lambda: _check(worker_machines(bed, "alpha"), sized(2, 192, 2)),
@@ -422,30 +374,9 @@ async def test_cluster_from_the_class_scales_and_rolls_out(bed: ClassBed) -> Non
     record_timing(
         "clusterclass: workerCPUs/workerMemoryMiB changed -> rolled out", time.monotonic() - t3
     )
-    md = await md_of(bed, "alpha")
-    new_template = md["spec"]["template"]["spec"]["infrastructureRef"]["name"]
-    assert new_template != first_template, "the template was not rotated"
-    rotated = await bed.get(LIBVIRT_MACHINE_TEMPLATE, new_template)
-    assert rotated is not None
-    assert rotated["spec"]["template"]["spec"]["cpus"] == 2
-    status = await eventually(
-        lambda: _template_status(bed, new_template), within=30, what="rotated template status"
-    )
-    assert status["capacity"] == {"cpu": "2", "memory": "192Mi"}
-
-    # the control plane's template is rotated too (KubeadmControlPlane points at the new one;
-    # its own rollout waits for a healthy workload control plane, which does not exist here)
-    async def cp_rotated() -> Obj:
-        kcp = await bed.get(KUBEADM_CONTROL_PLANE, kcp_ref["name"])
-        assert kcp is not None
-        ref = kcp["spec"]["machineTemplate"]["spec"]["infrastructureRef"]["name"]
-        assert ref != cp_template["metadata"]["name"], "the control-plane template not rotated"
-        rotated = await bed.get(LIBVIRT_MACHINE_TEMPLATE, ref)
-        assert rotated is not None
-        return rotated
-
-    rotated_cp = await eventually(cp_rotated, within=30, what="control-plane template rotated")
-    assert rotated_cp["spec"]["template"]["spec"]["cpus"] == 2
+    new_template = await _worker_template(bed, "alpha", capacity=("2", "192Mi"))
+    assert new_template != first_template, "the worker template was not rotated"
+    await _control_plane_rotated(bed, kcp_name, old=cp_template, cpus=2)
     report(
         f"clusterclass: Cluster applied -> workers rolled out to the new size in "
         f"{time.monotonic() - t0:.1f} s"
@@ -458,6 +389,88 @@ async def test_cluster_from_the_class_scales_and_rolls_out(bed: ClassBed) -> Non
             ObjectKey(bed.namespace, new_template),
             {"spec": {"template": {"spec": {"cpus": 3}}}},
         )
+
+
+async def _create_from_the_class(bed: ClassBed, name: str) -> dict[str, Any]:
+    """The first Cluster: generated with the class, the class applied and reconciled, the
+    Cluster applied, its LibvirtCluster shaped by hosts, networkCIDR, networkMode and
+    provisioned (the base volume put into its pool). Returns the Cluster as applied."""
+    t0 = time.monotonic()
+    cidr = await asyncio.to_thread(_free_cidr, bed.host)
+    bed.cidrs.append(cidr)
+    docs = await generate(bed, name, cidr=cidr)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == sorted(
+        [
+            "ClusterClass", "LibvirtClusterTemplate", "LibvirtMachineTemplate",
+            "LibvirtMachineTemplate", "KubeadmControlPlaneTemplate", "KubeadmConfigTemplate",
+            "Cluster",
+        ]
+    ), kinds  # fmt: skip
+    await apply_class(bed, docs)
+    (cluster,) = [d for d in docs if d["kind"] == "Cluster"]
+    await bed.kubectl_apply([cluster])
+    try:
+        lc = await libvirt_cluster_of(bed, name)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{bed.logs()}") from None
+    record_timing(
+        "clusterclass: Cluster applied -> LibvirtCluster provisioned", time.monotonic() - t0
+    )
+    assert [(h["name"], h["uri"]) for h in lc["spec"]["hosts"]] == [("host0", bed.host)]
+    assert (lc["spec"]["network"]["cidr"], lc["spec"]["network"]["mode"]) == (cidr, "isolated")
+    pool = lc["spec"]["storagePool"]["name"]
+    await asyncio.to_thread(put_base_volume, bed.host, pool, BASE_VOLUME)
+    return cluster
+
+
+async def _control_plane_of(
+    bed: ClassBed, name: str, *, cpus: int, memory_mib: int
+) -> tuple[str, str]:
+    """The Cluster's KubeadmControlPlane and its machine template (of the class's size):
+    their names."""
+    kcp_ref = (await bed.get(CLUSTER, name) or {})["spec"]["controlPlaneRef"]
+    kcp = await bed.get(KUBEADM_CONTROL_PLANE, kcp_ref["name"])
+    assert kcp is not None
+    assert kcp["spec"]["version"] == KUBERNETES_VERSION
+    template_name = kcp["spec"]["machineTemplate"]["spec"]["infrastructureRef"]["name"]
+    template = await bed.get(LIBVIRT_MACHINE_TEMPLATE, template_name)
+    assert template is not None
+    spec = template["spec"]["template"]["spec"]
+    assert (spec["cpus"], spec["memoryMiB"]) == (cpus, memory_mib)
+    return str(kcp_ref["name"]), str(template_name)
+
+
+async def _worker_template(bed: ClassBed, name: str, *, capacity: tuple[str, str]) -> str:
+    """The name of md-0's LibvirtMachineTemplate once its status shows `capacity` (cpu,
+    memory): capl's template controller, from the size the variables gave it."""
+
+    async def current() -> str:
+        md = await md_of(bed, name)
+        template = md["spec"]["template"]["spec"]["infrastructureRef"]["name"]
+        status = await _template_status(bed, template)
+        assert status["capacity"] == {"cpu": capacity[0], "memory": capacity[1]}, status
+        assert status["nodeInfo"] == {"architecture": "amd64", "operatingSystem": "linux"}
+        return str(template)
+
+    return await eventually(current, within=60, what=f"md-0's template with {capacity}")
+
+
+async def _control_plane_rotated(bed: ClassBed, kcp_name: str, *, old: str, cpus: int) -> None:
+    """The KubeadmControlPlane points at a new machine template of `cpus` (its own rollout
+    waits for a healthy workload control plane, which does not exist here)."""
+
+    async def rotated() -> bool:
+        kcp = await bed.get(KUBEADM_CONTROL_PLANE, kcp_name)
+        assert kcp is not None
+        ref = kcp["spec"]["machineTemplate"]["spec"]["infrastructureRef"]["name"]
+        assert ref != old, "the control-plane template was not rotated"
+        template = await bed.get(LIBVIRT_MACHINE_TEMPLATE, ref)
+        assert template is not None
+        assert template["spec"]["template"]["spec"]["cpus"] == cpus
+        return True
+
+    await eventually(rotated, within=30, what="control-plane template rotated")
 
 
 async def _check(coro: Any, check: Any) -> bool:
