@@ -18,7 +18,7 @@ from pathlib import Path
 import structlog
 
 from capl.api.cluster import LibvirtCluster
-from capl.controllers import libvirtcluster, migration
+from capl.controllers import libvirtcluster, machine_template, migration
 from capl.controllers import machine as libvirtmachine
 from capl.controllers.common import Deps, parse
 from capl.controllers.machine.bootstrap import BootstrapOptions
@@ -104,7 +104,7 @@ class Built:
 
 
 def build(options: ProviderOptions, client: KubeClient) -> Built:
-    """The manager with both controllers and the webhooks registered (not started)."""
+    """The manager with its controllers and the webhooks registered (not started)."""
     manager = Manager(options.manager, client)
     hosts = LibvirtHosts(
         max_workers_per_host=options.libvirt_workers_per_host,
@@ -124,6 +124,7 @@ def build(options: ProviderOptions, client: KubeClient) -> Built:
     libvirtcluster.setup(manager, deps, options=options.cluster)
     libvirtmachine.setup(manager, deps, options=options.machine)
     migration.setup(manager, deps, migrations=LibvirtMigrations())
+    machine_template.setup(manager, deps)
     if options.webhook_port:
         _check_webhook_certs(options.webhook_cert_dir)
         manager.cache_before_leader(LIBVIRT_CLUSTER)

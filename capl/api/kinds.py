@@ -153,7 +153,7 @@ LIBVIRT_MACHINE_TEMPLATE = KindInfo(
     model=LibvirtMachineTemplate,
     list_model=LibvirtMachineTemplateList,
     short_names=("lvmt",),
-    status_subresource=False,
+    status_subresource=True,
     printer_columns=(
         PrinterColumn(
             name="CPUs", json_path=".spec.template.spec.cpus", type="integer", description="vCPUs"

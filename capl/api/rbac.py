@@ -13,7 +13,7 @@ here is not used, or a request is not granted):
 - capl's own kinds: `list` and `watch` (informers; reads are served from the cache);
   `patch` for finalizers and spec write-backs (providerID, domainUUID, hostName, endpoint,
   defaults; merge patches carry a resourceVersion precondition where lists change, so no
-  `update` is needed). Templates are never read by the manager: not listed.
+  `update` is needed).
 - LibvirtMachines also `get`: the one live read outside the cache
   (capl/controllers/machine/cleanup.py `_live`). Before the orphan sweep removes a domain
   whose LibvirtMachine the cache does not have, and before the clean-up of an object that
@@ -21,6 +21,11 @@ here is not used, or a request is not granted):
   what was made for it, a GET confirms the object is really gone — the cache may lag. Without
   it both are refused (403) and orphaned domains are never removed. Every other request the
   controllers and the runtime make is a write below or an informer's list/watch.
+- LibvirtMachineTemplates: `list` and `watch` (the template controller's informer) and
+  `patch` on `libvirtmachinetemplates/status` only: the manager keeps `status.capacity` and
+  `status.nodeInfo` (what the Cluster API autoscaler reads to scale from zero) in sync with
+  the spec, one status patch when they differ. The spec is never written. LibvirtCluster
+  templates are never read by the manager: not listed.
 - `/status`: patched once per reconcile with the computed diff.
 - LibvirtMachineMigrations: `list`, `watch`, `patch` (finalizer) and `/status` like the
   above, plus `create` and `delete`: a host in maintenance is evacuated by migrations the
@@ -83,6 +88,7 @@ class PolicyRule:
 
 _OWN = (Plural.LIBVIRT_CLUSTERS.value, Plural.LIBVIRT_MACHINES.value)
 _MIGRATIONS = Plural.LIBVIRT_MACHINE_MIGRATIONS.value
+_MACHINE_TEMPLATES = Plural.LIBVIRT_MACHINE_TEMPLATES.value
 
 MANAGER_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(
@@ -122,7 +128,12 @@ MANAGER_RULES: tuple[PolicyRule, ...] = (
     ),
     PolicyRule(
         api_groups=(GROUP,),
-        resources=tuple(f"{r}/status" for r in (*_OWN, _MIGRATIONS)),
+        resources=(_MACHINE_TEMPLATES,),
+        verbs=("list", "watch"),
+    ),
+    PolicyRule(
+        api_groups=(GROUP,),
+        resources=tuple(f"{r}/status" for r in (*_OWN, _MIGRATIONS, _MACHINE_TEMPLATES)),
         verbs=("patch",),
     ),
 )

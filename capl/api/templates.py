@@ -5,11 +5,18 @@ ClusterClass clones LibvirtClusters from a LibvirtClusterTemplate. Templates are
 except for the topology controller's dry runs: a CEL rule cannot see whether a request is a
 dry run, so immutability is enforced by the validating webhook (capl.webhooks), and the spec
 models embedded here carry no transition rules.
+
+A LibvirtMachineTemplate's `status` is the Cluster API autoscaler's view of a machine of the
+template (the "autoscaling from zero" part of the InfraMachineTemplate contract):
+`status.capacity` (`cpu`, `memory` as Kubernetes quantities) and `status.nodeInfo`
+(`architecture`, `operatingSystem`), derived from the spec by `machine_template_status` and
+kept in sync by the manager (capl.controllers.machine_template). The cluster-autoscaler's
+clusterapi provider reads them to build a node of a MachineDeployment at 0 replicas.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -34,6 +41,35 @@ class LibvirtMachineTemplateSpec(K8sModel):
     """The LibvirtMachine template."""
 
 
+#: A Kubernetes resource quantity (the pattern Kubernetes' own OpenAPI gives `Quantity`).
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]"
+    r"|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+Architecture = Literal["amd64", "arm64", "s390x", "ppc64le"]
+Quantity = Annotated[str, Field(min_length=1, max_length=64, pattern=QUANTITY_PATTERN)]
+
+
+class NodeInfo(K8sModel):
+    """The architecture and operating system of a node made from the template."""
+
+    architecture: Architecture | None = None
+    """CPU architecture of the node: amd64, arm64, s390x or ppc64le."""
+    operating_system: str | None = Field(default=None, min_length=1, max_length=32)
+    """Operating system of the node, e.g. linux."""
+
+
+class LibvirtMachineTemplateStatus(K8sModel):
+    """What a machine of the template offers, for the Cluster API autoscaler (scale from zero).
+    Written by the manager from the spec; not for users."""
+
+    capacity: dict[str, Quantity] | None = None
+    """Resources of a machine of the template as Kubernetes quantities: `cpu` (the vCPUs),
+    `memory` (e.g. `4096Mi`); extended resources (devices) once capl attaches any."""
+    node_info: NodeInfo | None = None
+    """Architecture and operating system of a node made from the template."""
+
+
 class LibvirtMachineTemplate(K8sModel):
     """A template of LibvirtMachines for MachineDeployments, MachineSets and ClusterClass."""
 
@@ -43,6 +79,25 @@ class LibvirtMachineTemplate(K8sModel):
     kind: Literal["LibvirtMachineTemplate"] = "LibvirtMachineTemplate"
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: LibvirtMachineTemplateSpec
+    status: LibvirtMachineTemplateStatus | None = None
+
+
+#: The operating system of every capl machine: capl boots Linux images (Ignition, cloud-init).
+OPERATING_SYSTEM = "linux"
+#: The architecture reported for every template. A domain takes its host's architecture, and
+#: a template does not say which host (or kind of host) its machines land on; capl's images,
+#: firmware choices and test bed are x86_64. The autoscaler's own default is amd64 as well.
+ARCHITECTURE: Architecture = "amd64"
+
+
+def machine_template_status(spec: LibvirtMachineSpec) -> dict[str, Any]:
+    """`status` of a LibvirtMachineTemplate whose `spec.template.spec` is `spec` (wire form):
+    cpus 2 and memoryMiB 4096 give `capacity: {cpu: "2", memory: 4096Mi}` and
+    `nodeInfo: {architecture: amd64, operatingSystem: linux}`."""
+    return {
+        "capacity": {"cpu": str(spec.cpus), "memory": f"{spec.memory_mib}Mi"},
+        "nodeInfo": {"architecture": ARCHITECTURE, "operatingSystem": OPERATING_SYSTEM},
+    }
 
 
 class LibvirtMachineTemplateList(K8sModel):

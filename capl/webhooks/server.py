@@ -45,6 +45,7 @@ from capl.api.constants import Kind
 from capl.api.defaults import default_libvirt_cluster, default_libvirt_machine
 from capl.webhooks.patch import json_patch
 from capl.webhooks.validation import (
+    FieldError,
     Verdict,
     validate_libvirt_cluster,
     validate_libvirt_cluster_template,
@@ -109,15 +110,30 @@ class Response:
     reason: str = ""
     warnings: tuple[str, ...] = ()
     patch: list[dict[str, Any]] | None = None
+    causes: tuple[FieldError, ...] = ()
+    """The field errors of a denial, rendered as `status.details.causes` (as Kubernetes'
+    own Invalid errors): clients that show only the causes, like Cluster API's topology
+    controller in its TopologyReconciled condition, still name the field."""
 
-    def render(self, uid: str) -> dict[str, Any]:
+    def render(self, uid: str, *, kind: str = "", name: str = "") -> dict[str, Any]:
         response: dict[str, Any] = {"uid": uid, "allowed": self.allowed}
         if not self.allowed:
-            response["status"] = {
+            status: dict[str, Any] = {
                 "code": self.code,
                 "message": self.message,
                 "reason": self.reason or "Invalid",
             }
+            if self.causes:
+                status["details"] = {
+                    "group": GROUP,
+                    "kind": kind,
+                    "name": name,
+                    "causes": [
+                        {"reason": "FieldValueInvalid", "field": c.path, "message": c.message}
+                        for c in self.causes
+                    ],
+                }
+            response["status"] = status
         if self.warnings:
             response["warnings"] = list(self.warnings)
         if self.patch:
@@ -139,6 +155,7 @@ def _verdict_response(verdict: Verdict) -> Response:
         reason="Invalid",
         message=verdict.message(),
         warnings=tuple(verdict.warnings),
+        causes=tuple(verdict.errors),
     )
 
 
@@ -292,7 +309,7 @@ class Admission:
             response.allowed,
             response.message,
         )
-        return response.render(request.uid)
+        return response.render(request.uid, kind=spec.kind, name=request.name or "")
 
 
 def create_app(

@@ -298,7 +298,9 @@ def test_release_repository_layout(release_dir: Path) -> None:
         "cluster-template-offline-kcp.yaml",
         "cluster-template-offline.yaml",
         "cluster-template-testbed.yaml",
+        "cluster-template-topology.yaml",
         "cluster-template.yaml",
+        "clusterclass-libvirt.yaml",
         "infrastructure-components.yaml",
         "metadata.yaml",
     ]

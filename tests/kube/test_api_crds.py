@@ -237,6 +237,13 @@ def full_migration() -> dict[str, Any]:
     }
 
 
+def machine_template_status() -> dict[str, Any]:
+    return {
+        "capacity": {"cpu": "2", "memory": "4096Mi", "nvidia.com/gpu": "1"},
+        "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"},
+    }
+
+
 def migration_status() -> dict[str, Any]:
     return {
         "phase": "Running",
@@ -299,6 +306,7 @@ async def test_every_kind_round_trips(
             "LibvirtMachine": machine_status,
             "LibvirtCluster": cluster_status,
             "LibvirtMachineMigration": migration_status,
+            "LibvirtMachineTemplate": machine_template_status,
         }[info.kind.value]()
         patched = await merge_patch(
             objects, namespace, info.kind.value, "full", {"status": status}, status=True

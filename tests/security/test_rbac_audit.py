@@ -50,6 +50,7 @@ from capl.runtime.resources import (
     LIBVIRT_CLUSTER,
     LIBVIRT_MACHINE,
     LIBVIRT_MACHINE_MIGRATION,
+    LIBVIRT_MACHINE_TEMPLATE,
     MACHINE,
     NAMESPACE,
     SECRET,
@@ -298,6 +299,21 @@ async def test_the_role_grants_what_the_manager_uses_and_nothing_more(
             reason=c.Reason.BOOTSTRAP_DATA_INVALID,
             within=60,
         )
+        # the template controller: list/watch templates, patch templates/status (capacity)
+        await admin.resource(LIBVIRT_MACHINE_TEMPLATE).create(
+            {
+                "apiVersion": LIBVIRT_MACHINE_TEMPLATE.api_version,
+                "kind": LIBVIRT_MACHINE_TEMPLATE.kind,
+                "metadata": {"name": "workers", "namespace": namespace},
+                "spec": {"template": {"spec": spec}},
+            }
+        )
+
+        async def template_capacity() -> bool:
+            template = await admin.resource(LIBVIRT_MACHINE_TEMPLATE).get(bed.key("workers"))
+            return bool((template.get("status") or {}).get("capacity"))
+
+        await eventually(template_capacity, within=30, what="the template's status.capacity")
 
         async def secret_owned() -> bool:
             secret = await admin.resource(SECRET).get(bed.key("tls-credentials"))

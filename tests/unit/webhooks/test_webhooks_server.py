@@ -190,6 +190,17 @@ async def test_validating_cluster_overlap(client: Any) -> None:
     assert response["status"]["message"].startswith(
         "spec.network.cidr: 192.168.150.0/24 overlaps 192.168.150.0/25 of LibvirtCluster ns/other"
     )
+    # the causes, as Kubernetes' own Invalid errors carry them (Cluster API's topology
+    # controller shows only these in the Cluster's TopologyReconciled condition)
+    details = response["status"]["details"]
+    assert (details["group"], details["kind"], details["name"]) == (
+        "infrastructure.cluster.x-k8s.io",
+        "LibvirtCluster",
+        "c",
+    )
+    assert details["causes"][0]["reason"] == "FieldValueInvalid"
+    assert details["causes"][0]["field"] == "spec.network.cidr"
+    assert details["causes"][0]["message"].startswith("192.168.150.0/24 overlaps 192.168.150.0/25")
     assert clusters.calls == 1
     ok = await post(c, VALIDATE_CLUSTER, review("LibvirtCluster", cluster_obj(cidr="10.0.0.0/24")))
     assert ok["allowed"] is True
