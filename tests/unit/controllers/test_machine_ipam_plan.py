@@ -71,8 +71,10 @@ def test_claim_name_is_stable_and_bounded() -> None:
     assert claim_name("worker-a", 0) == "worker-a-nic0"
     long = "a" * 253
     name = claim_name(long, 3)
-    assert len(name) == 253 and name.endswith("-nic3")
-    assert name == claim_name(long, 3) and name != claim_name(long[:-1] + "b", 3)
+    assert len(name) == 253
+    assert name.endswith("-nic3")
+    assert name == claim_name(long, 3)
+    assert name != claim_name(long[:-1] + "b", 3)
 
 
 def test_claim_body_is_owned_labelled_and_names_pool_and_cluster() -> None:
@@ -94,7 +96,8 @@ def test_claim_body_is_owned_labelled_and_names_pool_and_cluster() -> None:
         True,
     )
     assert body["spec"] == {"clusterName": "c1", "poolRef": POOL}
-    assert owned_by(body, "uid-1") and not owned_by(body, "uid-2")
+    assert owned_by(body, "uid-1")
+    assert not owned_by(body, "uid-2")
 
 
 def test_bound_address_name() -> None:
@@ -159,7 +162,8 @@ def test_effective_spec_sets_ip_only_for_dhcp_nics_and_leaves_the_original() -> 
     out = effective_spec(s, addresses, dhcp=[0])
     plans = nic_plans(out, cluster_network="net", bridge_mode=False)
     assert [p.ip for p in plans] == ["192.168.10.7", None]
-    assert s.network_interfaces is not None and s.network_interfaces[0].ip is None
+    assert s.network_interfaces is not None
+    assert s.network_interfaces[0].ip is None
     assert effective_spec(s, addresses, dhcp=[]) is s
 
 
@@ -203,9 +207,11 @@ def test_ignition_gets_a_networkd_unit_and_keeps_everything_else() -> None:
     files = _unit_files(out)
     assert files["/etc/hostname"] == "n"
     unit = files["/etc/systemd/network/10-capl-nic1.network"]
-    assert "MACAddress=52:54:00:aa:bb:cc" in unit and "Address=10.231.0.50/24" in unit
+    assert "MACAddress=52:54:00:aa:bb:cc" in unit
+    assert "Address=10.231.0.50/24" in unit
     entry = next(f for f in out["storage"]["files"] if f["path"].endswith(".network"))
-    assert entry["overwrite"] is True and entry["mode"] == 0o644
+    assert entry["overwrite"] is True
+    assert entry["mode"] == 0o644
     # again: replaced, not duplicated
     twice = json.loads(
         ignition_with_network(json.dumps(out).encode(), [("52:54:00:aa:bb:cc", ADDR)])
@@ -218,7 +224,8 @@ def test_ignition_v2_entries_name_the_root_filesystem() -> None:
         ignition_with_network(b'{"ignition":{"version":"2.3.0"}}', [("52:54:00:aa:bb:cc", ADDR)])
     )
     (entry,) = out["storage"]["files"]
-    assert entry["filesystem"] == "root" and "overwrite" not in entry
+    assert entry["filesystem"] == "root"
+    assert "overwrite" not in entry
 
 
 def test_network_config_v2() -> None:
@@ -240,9 +247,11 @@ def test_with_static_addresses_per_format() -> None:
     nics = [("52:54:00:aa:bb:cc", ADDR)]
     cloud = BootstrapData(format=c.BootstrapFormat.CLOUD_CONFIG, data=b"#cloud-config\n")
     got = with_static_addresses(cloud, nics)
-    assert got.data == cloud.data and got.network_config == network_config_v2(nics)
+    assert got.data == cloud.data
+    assert got.network_config == network_config_v2(nics)
     ign = BootstrapData(format=c.BootstrapFormat.IGNITION, data=b'{"ignition":{"version":"3.4.0"}}')
     got = with_static_addresses(ign, nics)
-    assert got.network_config is None and b"10-capl-nic1.network" in got.data
+    assert got.network_config is None
+    assert b"10-capl-nic1.network" in got.data
     assert with_static_addresses(cloud, []) is cloud
     assert "10.231" not in repr(got)  # the bootstrap data's repr never shows content
