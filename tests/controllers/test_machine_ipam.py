@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -27,14 +26,11 @@ from capl.controllers.libvirtcluster import LibvirtClusterOptions
 from capl.runtime.conditions import get_condition
 from capl.runtime.objects import Obj, get_path
 from capl.runtime.resources import IP_ADDRESS_CLAIM, IPAM_GROUP, LIBVIRT_MACHINE, Resource
-from capl.testbed import ControlPlane
-from capl.testbed.capibuild import CapiError
-from capl.testbed.ipam import InClusterIpam, IpamMissing, find_ipam
-from capl.testing.crds import install_ipam_crds
+from capl.testbed.ipam import InClusterIpam
 from capl.testing.harness import ControllerHarness
 from capl.testing.objects import libvirt_machine_spec
 from tests.controllers.conftest import events_of, leftovers
-from tests.fixtures.common import eventually, require_part
+from tests.fixtures.common import eventually
 
 pytestmark = pytest.mark.apiserver
 
@@ -49,30 +45,6 @@ CLUSTERS = functools.partial(
     libvirtcluster.setup,
     options=LibvirtClusterOptions(health_interval=None, unreachable_retry=1.0, terminal_retry=5.0),
 )
-
-
-@pytest.fixture(scope="module")
-async def ipam_provider(
-    control_plane: ControlPlane, capi_crds: list[str], tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[InClusterIpam]:
-    try:
-        assets = find_ipam()
-    except IpamMissing as e:
-        require_part("the in-cluster IPAM provider (make ipam)", str(e))
-        raise  # not reached
-    await install_ipam_crds(control_plane, tmp_path_factory.mktemp("ipam-crds"))
-    provider = InClusterIpam(
-        plane=control_plane, assets=assets, workdir=tmp_path_factory.mktemp("ipam")
-    )
-    try:
-        await provider.start()
-    except CapiError:
-        await provider.stop()
-        raise
-    try:
-        yield provider
-    finally:
-        await provider.stop()
 
 
 def _pool_nic(pool: str) -> dict[str, Any]:
