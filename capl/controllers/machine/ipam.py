@@ -53,7 +53,7 @@ from capl.controllers.machine.scope import MachineScope
 from capl.controllers.machine.target import Target
 from capl.runtime.conditions import get_condition
 from capl.runtime.controller import Result
-from capl.runtime.errors import AlreadyExists, NotFound
+from capl.runtime.errors import AlreadyExists, ApiError, NotFound
 from capl.runtime.objects import Obj, ObjectKey
 from capl.runtime.resources import IP_ADDRESS, IP_ADDRESS_CLAIM
 
@@ -82,7 +82,17 @@ async def claim_addresses(scope: MachineScope) -> dict[int, ClaimedAddress] | Re
     found: dict[int, ClaimedAddress] = {}
     try:
         for nic in nics:
-            found[nic.index] = await _bound(scope, nic)
+            try:
+                found[nic.index] = await _bound(scope, nic)
+            except ApiError as exc:
+                if exc.code != 403:
+                    raise
+                raise _Waiting(
+                    c.Reason.WAITING_FOR_IP_ADDRESS,
+                    f"networkInterfaces[{nic.index}].addressesFromPools: forbidden ({exc});"
+                    " the manager's role must grant IPAM access (config/rbac)",
+                    EXHAUSTED_POLL,
+                ) from None
     except _Waiting as waiting:
         _report_waiting(scope, waiting)
         return Result(requeue_after=waiting.retry)
@@ -117,6 +127,15 @@ async def _bound(scope: MachineScope, nic: PoolNic) -> ClaimedAddress:
             claim = await claims.create(body)
         except AlreadyExists:
             raise _Waiting(c.Reason.WAITING_FOR_IP_ADDRESS, "", WAIT_POLL) from None
+        except NotFound:
+            # the kind itself is not served (no Cluster API IPAM CRDs): never let this 404
+            # look like the LibvirtMachine vanishing (the reconciler would clean it up)
+            raise _Waiting(
+                c.Reason.WAITING_FOR_IP_ADDRESS,
+                f"networkInterfaces[{nic.index}].addressesFromPools: the API server does not"
+                f" serve {IP_ADDRESS_CLAIM} (are the Cluster API IPAM CRDs installed?)",
+                EXHAUSTED_POLL,
+            ) from None
         log.info("IPAddressClaim created", claim=name, pool=pool)
     if not owned_by(claim, lm.metadata.uid or ""):
         raise InvalidAddress(
