@@ -33,9 +33,17 @@ dir="$(go mod download -json "$MODULE@$IPAM_VERSION" 2>>"$LOG" | sed -n 's/.*"Di
 rm -rf "$OUT.tmp" && mkdir -p "$OUT.tmp/bin"
 note "building the in-cluster IPAM provider $IPAM_VERSION (~1 min with a warm Go build cache, 5-10 min cold)"
 t0=$SECONDS
-GOBIN="$OUT.tmp/bin" go install -trimpath -ldflags "-s -w" "$MODULE@$IPAM_VERSION" >>"$LOG" 2>&1 ||
-	{ tail -n 30 "$LOG" >&2; die "go install of $MODULE@$IPAM_VERSION failed (log: $LOG)"; }
-mv "$OUT.tmp/bin/cluster-api-ipam-provider-in-cluster" "$OUT.tmp/bin/$BINARY"
+# Not `go install MODULE@VERSION`: that looks up the module's deprecation in the proxy's
+# version list (@v/list), which the proxy here refuses (403). A build module of our own that
+# requires exactly this version (its own go.mod decides the rest, by MVS) builds the same
+# main package.
+BUILD="$CAPL_CACHE/ipam-build/$IPAM_VERSION"
+mkdir -p "$BUILD"
+go_directive="$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$dir/go.mod" | head -n1)"
+printf 'module capl.local/ipam-build\n\ngo %s\n\nrequire %s %s\n' \
+	"$go_directive" "$MODULE" "$IPAM_VERSION" >"$BUILD/go.mod"
+(cd "$BUILD" && GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$OUT.tmp/bin/$BINARY" "$MODULE") \
+	>>"$LOG" 2>&1 || { tail -n 30 "$LOG" >&2; die "go build of $MODULE@$IPAM_VERSION failed (log: $LOG)"; }
 help="$("$OUT.tmp/bin/$BINARY" --help 2>&1 || true)"
 [[ $help == *--webhook-port* ]] || die "$OUT.tmp/bin/$BINARY --help does not list --webhook-port"
 cp -r "$dir/config" "$OUT.tmp/config"
