@@ -131,7 +131,6 @@ class InClusterIpam(LocalManager):
             f"--health-probe-bind-address=127.0.0.1:{self.health_port}",
             f"--diagnostics-address=127.0.0.1:{self.metrics_port}",
             "--insecure-diagnostics",
-            "--v=2",
         ]
 
     def child_env(self) -> Mapping[str, str]:

@@ -255,6 +255,7 @@ def place_addresses(
             static.append((mac, address))
     scope.lm = lm.model_copy(update={"spec": effective_spec(lm.spec, addresses, dhcp=dhcp)})
     scope.ipam_static = tuple(static)
+    scope.ipam_addresses = tuple(addresses[i].address for i in sorted(addresses))
     return None
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "outside_network",
     "pool_nics",
     "pool_resource",
+    "with_ipam_first",
     "with_static_addresses",
 ]
 
@@ -321,3 +322,17 @@ def with_static_addresses(
     return BootstrapData(
         format=bootstrap.format, data=bootstrap.data, network_config=network_config_v2(nics)
     )
+
+
+def with_ipam_first(
+    addresses: Sequence[Mapping[str, str]], ipam: Sequence[str]
+) -> list[dict[str, str]]:
+    """status.addresses with the IPAM addresses as the first InternalIPs (in NIC order): they
+    are the NICs' addresses whatever else the lease or the agent reports beside them."""
+    if not ipam:
+        return [dict(a) for a in addresses]
+    internal = c.AddressType.INTERNAL_IP.value
+    rest = [
+        dict(a) for a in addresses if not (a.get("type") == internal and a.get("address") in ipam)
+    ]
+    return [{"type": internal, "address": ip} for ip in ipam] + rest

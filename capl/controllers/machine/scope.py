@@ -129,6 +129,8 @@ class MachineScope:
     placed: Placed | None = None
     raced: bool = False
     ipam_static: tuple[tuple[str, ClaimedAddress], ...] = ()
+    ipam_addresses: tuple[str, ...] = ()
+    """The NICs' IPAM addresses in NIC order (reported first in status.addresses)."""
     """(MAC, address) of the NICs whose IPAM address goes into the bootstrap data as static
     configuration (`ipam.place_addresses`)."""
     """Our last write returned an object someone else changed meanwhile."""

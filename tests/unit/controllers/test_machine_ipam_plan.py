@@ -255,3 +255,19 @@ def test_with_static_addresses_per_format() -> None:
     assert b"10-capl-nic1.network" in got.data
     assert with_static_addresses(cloud, []) is cloud
     assert "10.231" not in repr(got)  # the bootstrap data's repr never shows content
+
+
+def test_ipam_addresses_come_first_in_status_addresses() -> None:
+    from capl.controllers.machine.plan_ipam import with_ipam_first
+
+    addresses = [
+        {"type": "InternalIP", "address": "10.0.0.23"},
+        {"type": "InternalIP", "address": "10.0.0.50"},
+        {"type": "Hostname", "address": "m"},
+    ]
+    assert with_ipam_first(addresses, ["10.0.0.50"]) == [
+        {"type": "InternalIP", "address": "10.0.0.50"},
+        {"type": "InternalIP", "address": "10.0.0.23"},
+        {"type": "Hostname", "address": "m"},
+    ]
+    assert with_ipam_first(addresses, []) == addresses
