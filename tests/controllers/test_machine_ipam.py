@@ -24,6 +24,7 @@ from capl.controllers import machine as libvirtmachine
 from capl.controllers.common import layout
 from capl.controllers.libvirtcluster import LibvirtClusterOptions
 from capl.runtime.conditions import get_condition
+from capl.runtime.errors import Invalid
 from capl.runtime.objects import Obj, get_path
 from capl.runtime.resources import IP_ADDRESS_CLAIM, IPAM_GROUP, LIBVIRT_MACHINE, Resource
 from capl.testbed.ipam import InClusterIpam
@@ -169,6 +170,13 @@ async def test_an_address_outside_the_dhcp_network_is_refused_and_nothing_is_mad
     outside = ipaddress.IPv4Network(str(lay.cidr)).network_address + 256 * 7 + 50
     await _make_pool(harness, "pool-out", str(outside), str(outside))
     await harness.start(MACHINES, CLUSTERS)
+
+    # ip and addressesFromPools together: refused by the API server (CEL), naming both
+    both = _pool_nic("pool-out")
+    both["networkInterfaces"][0]["ip"] = str(outside)
+    with pytest.raises(Invalid) as raised:
+        await harness.make_machine(cluster, "ipam-both", spec=both)
+    assert "ip and addressesFromPools are mutually exclusive" in str(raised.value)
 
     m = await harness.make_machine(cluster, "ipam-out", spec=_pool_nic("pool-out"))
     refused = await harness.wait_for(
