@@ -28,6 +28,10 @@ venv: deps $(VENV)/.stamp ## create .venv with the pinned dependency set
 envtest: ## build kube-apiserver, etcd, kubectl into the cache; prints the directory
 	@hack/envtest.sh
 
+.PHONY: ipam
+ipam: ## build the Cluster API in-cluster IPAM provider into the cache; prints the directory
+	@hack/ipam.sh
+
 .PHONY: capi
 capi: ## build the Cluster API core manager and clusterctl into the cache; prints the directory
 	@hack/capi.sh

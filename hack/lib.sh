@@ -45,7 +45,8 @@ timed() {
 }
 
 # bed_up: every part of the test bed (each step idempotent and cached), exported for the
-# tests and benchmarks: KUBEBUILDER_ASSETS, CAPL_GUEST_IMAGE, CAPL_CAPI_DIR; libvirtd running.
+# tests and benchmarks: KUBEBUILDER_ASSETS, CAPL_GUEST_IMAGE, CAPL_CAPI_DIR, CAPL_IPAM_DIR;
+# libvirtd running.
 bed_up() {
 	KUBEBUILDER_ASSETS="$(timed envtest hack/envtest.sh | tail -n1)"
 	export KUBEBUILDER_ASSETS
@@ -54,6 +55,8 @@ bed_up() {
 	export CAPL_GUEST_IMAGE
 	CAPL_CAPI_DIR="$(timed capi hack/capi.sh | tail -n1)"
 	export CAPL_CAPI_DIR
+	CAPL_IPAM_DIR="$(timed ipam hack/ipam.sh | tail -n1)"
+	export CAPL_IPAM_DIR
 }
 
 # nodes_up: what real nodes need (each step cached), exported for the tests and the demo:

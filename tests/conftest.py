@@ -8,6 +8,7 @@ pytest_plugins = [
     "tests.fixtures.controlplane",
     "tests.fixtures.libvirt",
     "tests.fixtures.capi",
+    "tests.fixtures.ipam",
     "tests.fixtures.objects",
     "tests.fixtures.capl",
     "tests.fixtures.images",

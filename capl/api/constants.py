@@ -138,6 +138,9 @@ class ConditionType(StrEnum):
     """Read through the guest agent; absent on guests without one (not part of Ready)."""
     MIGRATING = "Migrating"
     """True while a live migration moves the domain (spec.migrationTarget is set)."""
+    IP_ADDRESSES_CLAIMED = "IPAddressesClaimed"
+    """Only on machines with networkInterfaces[].addressesFromPools: every IPAddressClaim is
+    bound (Cluster API IPAM). No domain is made while it is False."""
     # LibvirtMachineMigration.
     SUCCEEDED = "Succeeded"
 
@@ -172,6 +175,15 @@ class Reason(StrEnum):
     WAITING_FOR_DOMAIN = "WaitingForDomain"
     WAITING_FOR_BOOTSTRAP = "WaitingForBootstrap"
     """The guest agent answers; the bootstrap success file is not there yet."""
+    WAITING_FOR_IP_ADDRESS = "WaitingForIPAddress"
+    """An IPAddressClaim is not bound to an IPAddress yet."""
+    CLAIMED = "Claimed"
+    POOL_EXHAUSTED = "PoolExhausted"
+    """The IPAM pool of an unbound IPAddressClaim reports no free address."""
+    ADDRESS_OUTSIDE_NETWORK = "AddressOutsideNetwork"
+    """An IPAM address for a NIC on capl's DHCP network lies outside the network's CIDR."""
+    INVALID_IP_ADDRESS = "InvalidIPAddress"
+    """A bound IPAddress that capl cannot use (not IPv4, no prefix, a claim of another owner)."""
     # Failures with a cause the user can fix.
     HOST_NOT_FOUND = "HostNotFound"
     FAILURE_DOMAIN_CONFLICT = "FailureDomainConflict"

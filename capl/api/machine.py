@@ -9,6 +9,11 @@ Design notes:
   templates embed the same spec and must stay mutable for the topology controller's dry runs.
 - `image` is immutable: a different base image means a different machine (a rollout).
 - `networkInterfaces` empty means one NIC on the cluster's network.
+- `networkInterfaces[].addressesFromPools` (Cluster API IPAM, as CAPV/CAPMOX/Metal3 name it):
+  the controller claims an address per pool (an IPAddressClaim, `capl.controllers.machine.ipam`)
+  and gives the bound IPAddress to the guest: a DHCP reservation where capl runs the DHCP
+  (the cluster network in nat/isolated mode), else static network configuration in the
+  Ignition config or the NoCloud `network-config`. Exclusive with `ip`.
 - Live migration moves a domain to another host, so `hostName` is immutable *except* along
   a migration: the migration controller first records the destination in
   `spec.migrationTarget` (before any libvirt call; while it is set the machine controller
@@ -30,6 +35,7 @@ from capl.api.base import (
     AbsolutePath,
     BridgeName,
     DNSLabel,
+    DNSSubdomain,
     IPv4Address,
     K8sModel,
     LibvirtName,
@@ -110,11 +116,32 @@ _NIC_IP_ON_CLUSTER_NETWORK = cel(
 )
 
 
+_NIC_IP_OR_POOLS = cel(
+    "!has(self.ip) || !has(self.addressesFromPools)",
+    "networkInterfaces: ip and addressesFromPools are mutually exclusive",
+    field_path=".addressesFromPools",
+)
+
+
+class IPPoolReference(K8sModel):
+    """A Cluster API IPAM pool (TypedLocalObjectReference with a required apiGroup), e.g.
+    apiGroup ipam.cluster.x-k8s.io, kind InClusterIPPool or GlobalInClusterIPPool."""
+
+    api_group: DNSSubdomain = Field(alias="apiGroup")
+    """API group of the pool kind."""
+    kind: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Z][A-Za-z0-9]*$")]
+    """Kind of the pool."""
+    name: DNSSubdomain
+    """Name of the pool (in the machine's namespace for namespaced pool kinds)."""
+
+
 class NetworkInterface(K8sModel):
     """A NIC. With neither network nor bridge set it is attached to the cluster network."""
 
     model_config = {
-        "json_schema_extra": schema_extra(rules=[_NIC_ONE_ATTACHMENT, _NIC_IP_ON_CLUSTER_NETWORK])
+        "json_schema_extra": schema_extra(
+            rules=[_NIC_ONE_ATTACHMENT, _NIC_IP_ON_CLUSTER_NETWORK, _NIC_IP_OR_POOLS]
+        )
     }
 
     network: LibvirtName | None = None
@@ -125,6 +152,12 @@ class NetworkInterface(K8sModel):
     """MAC address (default: derived from the machine's identity, stable across restarts)."""
     ip: IPv4Address | None = None
     """Fixed IPv4 address, reserved by DHCP on the cluster network."""
+    addresses_from_pools: list[IPPoolReference] | None = Field(
+        default=None, min_length=1, max_length=1, alias="addressesFromPools"
+    )
+    """Take the NIC's IPv4 address from this Cluster API IPAM pool (an IPAddressClaim per
+    pool, released when the machine is deleted). One pool: capl's networks are IPv4 and a
+    NIC gets one address."""
 
 
 class LibvirtMachineSpec(K8sModel):

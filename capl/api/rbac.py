@@ -47,6 +47,14 @@ here is not used, or a request is not granted):
   `libvirtmachinemigrations/status` patch, no new rule.
 - Events: `create`, and `patch` to aggregate repeats (the ClusterRole covers every namespace,
   including the leader-election one).
+- Cluster API IPAM (only for NICs with `addressesFromPools`): IPAddressClaims `create` (one
+  per such NIC), `get` (is it bound? and, before deleting, is it this machine's?) and
+  `delete` (the address goes back to the pool once the domain is gone); IPAddresses `get`
+  (the bound address, prefix, gateway); the in-cluster provider's pools
+  (InClusterIPPool, GlobalInClusterIPPool) `get`, to tell an exhausted pool (its
+  status.ipAddresses.free is 0) from a slow provider. GETs instead of informers: the IPAM
+  CRDs exist only where an IPAM provider is installed, and an informer on a missing kind
+  never syncs.
 - Leases (leader election): `get`, `create`, and `patch` (renewal and release are merge
   patches with a resourceVersion precondition), only in the manager's own namespace, hence
   a Role.
@@ -62,6 +70,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from capl.api.constants import CAPI_GROUP, GROUP, Plural
+
+IPAM_GROUP = "ipam.cluster.x-k8s.io"
 
 MANAGER_ROLE_NAME = "manager-role"
 LEADER_ELECTION_ROLE_NAME = "leader-election-role"
@@ -135,6 +145,16 @@ MANAGER_RULES: tuple[PolicyRule, ...] = (
         api_groups=(GROUP,),
         resources=tuple(f"{r}/status" for r in (*_OWN, _MIGRATIONS, _MACHINE_TEMPLATES)),
         verbs=("patch",),
+    ),
+    PolicyRule(
+        api_groups=(IPAM_GROUP,),
+        resources=("ipaddressclaims",),
+        verbs=("create", "delete", "get"),
+    ),
+    PolicyRule(
+        api_groups=(IPAM_GROUP,),
+        resources=("globalinclusterippools", "inclusterippools", "ipaddresses"),
+        verbs=("get",),
     ),
 )
 

@@ -50,6 +50,10 @@ EVENT = Resource("", "v1", "Event", "events")
 NODE = Resource("", "v1", "Node", "nodes", namespaced=False)
 NAMESPACE = Resource("", "v1", "Namespace", "namespaces", namespaced=False)
 LEASE = Resource("coordination.k8s.io", "v1", "Lease", "leases")
+IPAM_GROUP = "ipam.cluster.x-k8s.io"
+# Cluster API IPAM (v1beta2 since Cluster API v1.11; v1beta1 still served, converted by core)
+IP_ADDRESS_CLAIM = Resource(IPAM_GROUP, "v1beta2", "IPAddressClaim", "ipaddressclaims")
+IP_ADDRESS = Resource(IPAM_GROUP, "v1beta2", "IPAddress", "ipaddresses")
 CUSTOM_RESOURCE_DEFINITION = Resource(
     "apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False
 )
@@ -68,6 +72,8 @@ WELL_KNOWN: tuple[Resource, ...] = (
     NODE,
     NAMESPACE,
     LEASE,
+    IP_ADDRESS_CLAIM,
+    IP_ADDRESS,
     CUSTOM_RESOURCE_DEFINITION,
 )
 

@@ -34,14 +34,20 @@ from capl.testbed.capibuild import CAPI_DIR_ENV, CapiMissing
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "config" / "crd" / "bases"
 CAPI_CRD_FILES = ("cluster.x-k8s.io_clusters.yaml", "cluster.x-k8s.io_machines.yaml")
+IPAM_CRD_FILES = (
+    "ipam.cluster.x-k8s.io_ipaddressclaims.yaml",
+    "ipam.cluster.x-k8s.io_ipaddresses.yaml",
+)
 
 __all__ = [
     "CAPI_CRD_FILES",
     "CAPI_DIR_ENV",
     "CRD_DIR",
+    "IPAM_CRD_FILES",
     "CapiMissing",
     "capi_crd_dir",
     "install_capi_crds",
+    "install_ipam_crds",
     "reduced_crd",
     "write_reduced_crds",
 ]
@@ -79,27 +85,36 @@ def reduced_crd(document: Mapping[str, Any]) -> dict[str, Any]:
     return crd
 
 
-def write_reduced_crds(bases: Path, workdir: Path) -> None:
-    """The reduced Cluster and Machine CRDs of `bases` as YAML files in `workdir`."""
+def write_reduced_crds(bases: Path, workdir: Path, files: tuple[str, ...] = CAPI_CRD_FILES) -> None:
+    """The reduced CRDs of `bases` (default: Cluster and Machine) as YAML files in `workdir`."""
     workdir.mkdir(parents=True, exist_ok=True)
-    for filename in CAPI_CRD_FILES:
+    for filename in files:
         document = yaml.safe_load((bases / filename).read_text())
         (workdir / filename).write_text(yaml.safe_dump(reduced_crd(document)))
 
 
-async def install_capi_crds(plane: ControlPlane, workdir: Path) -> list[str]:
-    """Install the reduced Cluster/Machine CRDs unless a real Cluster API installed them;
-    returns the CRD names."""
+async def install_capi_crds(
+    plane: ControlPlane, workdir: Path, files: tuple[str, ...] = CAPI_CRD_FILES
+) -> list[str]:
+    """Install the reduced Cluster/Machine CRDs (or `files`) unless a real Cluster API
+    installed them; returns the CRD names."""
     async with await KubeClient.connect(str(plane.kubeconfig)) as client:
         crds = client.resource(CUSTOM_RESOURCE_DEFINITION)
         present = []
-        for filename in CAPI_CRD_FILES:
-            name = filename.split("_", 1)[1].removesuffix(".yaml") + ".cluster.x-k8s.io"
+        for filename in files:
+            group, plural = filename.removesuffix(".yaml").split("_", 1)
+            name = f"{plural}.{group}"
             with contextlib.suppress(NotFound):
                 crd = await crds.get(ObjectKey("", name))
                 if (crd["spec"].get("conversion") or {}).get("strategy") == "Webhook":
                     present.append(name)
-        if len(present) == len(CAPI_CRD_FILES):
+        if len(present) == len(files):
             return present
-    write_reduced_crds(capi_crd_dir(), workdir)
+    write_reduced_crds(capi_crd_dir(), workdir, files)
     return await plane.install_crds(workdir)
+
+
+async def install_ipam_crds(plane: ControlPlane, workdir: Path) -> list[str]:
+    """The Cluster API IPAddressClaim and IPAddress CRDs, reduced like Cluster/Machine (only
+    v1beta2, the version capl and the in-cluster IPAM provider v1.1 use)."""
+    return await install_capi_crds(plane, workdir, IPAM_CRD_FILES)

@@ -274,7 +274,8 @@ def _check_machine_spec(
                 verdict.error(
                     f"{path}.ip",
                     "must not be set in a template: every machine created from it would"
-                    " share the address",
+                    " share the address (addressesFromPools gives each machine its own"
+                    " address from a Cluster API IPAM pool)",
                 )
         if nic.mac is not None:
             mac = nic.mac.lower()

@@ -15,6 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from capl.controllers.machine.plan_ipam import (
+    ClaimedAddress,
+    ignition_with_network,
+    network_config_v2,
+)
+
 REPO = Path(__file__).resolve().parents[2]
 GUEST = REPO / "hack" / "guest"
 
@@ -143,3 +149,42 @@ def test_hostname_from_cloud_init(
         f"hostname_from_cloud_init {tmp_path / 'user-data'} {tmp_path / 'meta-data'}",
     )
     assert out.strip() == expected
+
+
+# -- static addresses (Cluster API IPAM): exactly what capl writes --------------------------
+
+
+def _ipam_nics() -> list[tuple[str, ClaimedAddress]]:
+    return [
+        ("52:54:00:12:34:56", ClaimedAddress(0, "10.231.0.50", 24, "10.231.0.1", "m-nic0")),
+        ("52:54:00:ab:cd:ef", ClaimedAddress(1, "192.168.7.9", 16, None, "m-nic1")),
+    ]
+
+
+EXPECTED_STATIC = "52:54:00:12:34:56 10.231.0.50/24 10.231.0.1\n52:54:00:ab:cd:ef 192.168.7.9/16 \n"
+
+
+def test_static_addresses_from_capl_ignition(busybox_path: str, tmp_path: Path) -> None:
+    config = ignition_with_network(_ignition("data:,node-a%0A"), _ipam_nics())
+    (tmp_path / "config.ign").write_bytes(config)
+    out, console = _run_init_function(
+        busybox_path, tmp_path, f"static_from_ignition {tmp_path / 'config.ign'}"
+    )
+    assert out == EXPECTED_STATIC
+    assert "error" not in console
+
+
+def test_static_addresses_from_capl_network_config(busybox_path: str, tmp_path: Path) -> None:
+    (tmp_path / "network-config").write_bytes(network_config_v2(_ipam_nics()))
+    out, _ = _run_init_function(
+        busybox_path, tmp_path, f"static_from_network_config {tmp_path / 'network-config'}"
+    )
+    assert out == EXPECTED_STATIC
+
+
+def test_no_static_addresses_without_units(busybox_path: str, tmp_path: Path) -> None:
+    (tmp_path / "config.ign").write_bytes(_ignition("data:,node-a%0A"))
+    out, _ = _run_init_function(
+        busybox_path, tmp_path, f"static_from_ignition {tmp_path / 'config.ign'}"
+    )
+    assert out == ""

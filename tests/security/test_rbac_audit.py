@@ -82,6 +82,21 @@ SWEEP = ["--orphan-sweep-interval=1s", "--orphan-grace=0s"]
 
 # (apiGroup, resource, verb) granted but not reached by this scenario, with the reason.
 NOT_EXERCISED: dict[tuple[str, str, str], str] = {
+    **{
+        ("ipam.cluster.x-k8s.io", resource, verb): (
+            "Cluster API IPAM: only machines with networkInterfaces[].addressesFromPools make"
+            " these requests; this scenario has none (tests/controllers/test_machine_ipam.py"
+            " runs them against the real in-cluster IPAM provider)"
+        )
+        for resource, verb in (
+            ("ipaddressclaims", "create"),
+            ("ipaddressclaims", "delete"),
+            ("ipaddressclaims", "get"),
+            ("ipaddresses", "get"),
+            ("inclusterippools", "get"),
+            ("globalinclusterippools", "get"),
+        )
+    },
     ("", "events", "patch"): (
         "the event recorder patches count/lastTimestamp of an Event only when an identical "
         "event repeats within its aggregation window; the controllers emit a Warning once per "

@@ -41,6 +41,7 @@ from capl.controllers.machine.plan import (
     image_plan,
     read_bootstrap,
 )
+from capl.controllers.machine.plan_ipam import with_static_addresses
 from capl.controllers.machine.scope import Context, MachineScope
 from capl.controllers.machine.target import Identity, Target
 from capl.ports.bootstrap import build_nocloud_iso
@@ -115,6 +116,8 @@ async def _create_steps(scope: MachineScope, bootstrap: BootstrapData) -> Domain
     target.info = info
     # storage first: it is what usually fails (image, space), and then no address was
     # reserved for nothing
+    # IPAM addresses of NICs outside capl's DHCP: static configuration (ipam, plan_ipam)
+    bootstrap = with_static_addresses(bootstrap, scope.ipam_static)
     root_path, extras, ignition_path, cidata_path = await _create_storage(
         target, spec, ident, bootstrap
     )
@@ -171,7 +174,10 @@ async def _create_storage(
         fault_point("bootstrap-volume")
         return root.path, extras, volume.path, None
     iso = build_nocloud_iso(
-        user_data=bootstrap.data, instance_id=ident.uid, hostname=ident.hostname
+        user_data=bootstrap.data,
+        instance_id=ident.uid,
+        hostname=ident.hostname,
+        network_config=bootstrap.network_config,
     )
     volume = await host.upload_volume(pool=target.pool, name=names.cidata_volume, data=iso)
     fault_point("bootstrap-volume")

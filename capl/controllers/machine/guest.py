@@ -27,6 +27,7 @@ from capl.controllers.machine.bootstrap import BootstrapSubject, sooner
 from capl.controllers.machine.placement import secret_bytes
 from capl.controllers.machine.plan_addresses import merge_addresses
 from capl.controllers.machine.plan_placement import topology_labels
+from capl.controllers.machine.plan_ipam import with_ipam_first
 from capl.controllers.machine.scope import DONE, MachineScope
 from capl.ports.virt import InterfaceAddress
 from capl.runtime.conditions import get_condition
@@ -45,6 +46,8 @@ def report_addresses(scope: MachineScope, observed: list[InterfaceAddress]) -> t
     addresses, have_ip = merge_addresses(
         observed, previous=status.get("addresses"), hostname=on.ident.hostname, fqdn=on.fqdn
     )
+    if have_ip and scope.ipam_addresses:
+        addresses = with_ipam_first(addresses, scope.ipam_addresses)
     status["addresses"] = addresses
     if not have_ip:
         return _waiting_for_address(scope), False

@@ -154,6 +154,8 @@ class BootstrapProblem(Exception):
 class BootstrapData:
     format: c.BootstrapFormat
     data: bytes
+    network_config: bytes | None = None
+    """NoCloud `network-config` (cloud-config only): static addresses from IPAM."""
 
     def __repr__(self) -> str:  # never show the content
         return f"BootstrapData(format={self.format.value!r}, bytes={len(self.data)})"

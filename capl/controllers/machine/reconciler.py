@@ -67,6 +67,7 @@ from capl.controllers.machine import (
     delete,
     domain,
     guest,
+    ipam,
     network,
     placement,
     watches,
@@ -286,10 +287,14 @@ class LibvirtMachineReconciler:
                                 finalizer (the Cluster is read from the cache first)
         2. finalizer, Cluster   DomainProvisioned: WaitingForCluster
         4. infrastructure       DomainProvisioned: WaitingForClusterInfrastructure
+        4c. IPAM addresses      IPAddressesClaimed (and DomainProvisioned until provisioned):
+                                WaitingForIPAddress, PoolExhausted, InvalidIPAddress
         5. bootstrap data       BootstrapDataDelivered, DomainProvisioned:
                                 WaitingForBootstrapData, BootstrapDataInvalid
         6. placement            DomainProvisioned: FailureDomainConflict, HostNotFound,
                                 Unreachable, CredentialsInvalid, InternalError
+        6b. IPAM on the host    IPAddressesClaimed: AddressOutsideNetwork (a DHCP NIC's
+                                address outside the network's CIDR; nothing made)
         7. identity             (the spec patch: hostName, domainUUID, providerID, placement)
         8. domain               DomainProvisioned: Running, DomainRecreated, DomainRestarted,
                                 DomainNotRunning, or the libvirt error's reason
@@ -308,6 +313,9 @@ class LibvirtMachineReconciler:
             return await scope.close(DONE)  # 2, 4
         if not _not_migrating(scope):
             return await scope.close(DONE)  # a live migration moves the domain
+        claimed = await ipam.claim_addresses(scope)  # 4c
+        if isinstance(claimed, Result):
+            return await scope.close(claimed)
         try:
             if not scope.lm.spec.domain_uuid:
                 scope.bootstrap = create.bootstrap_data(scope)  # 5
@@ -316,6 +324,9 @@ class LibvirtMachineReconciler:
             target = await placement.place(scope)  # 6
         except Problem as problem:
             return await scope.close(scope.fail(problem.failure))
+        unusable = ipam.place_addresses(scope, target, claimed)  # 6b
+        if unusable is not None:
+            return await scope.close(unusable)
         await self._identity(scope, target)  # 7
         outcome = await domain.ensure_domain(scope)  # 8
         if isinstance(outcome, Result):
@@ -482,6 +493,7 @@ class LibvirtMachineReconciler:
             )
             return await scope.close_deleting(DONE)
         if scope.lm.spec.domain_uuid is None and not scope.status.get("host"):
+            await ipam.release(scope)
             return await scope.release()  # nothing was ever created
         located = placement.locate(self.ctx, scope.lm, scope.namespace)
         if located is None:
@@ -504,6 +516,7 @@ class LibvirtMachineReconciler:
             return await self._delete_failed(scope, classify(exc))
         if waiting is not None:
             return await scope.close_deleting(waiting)
+        await ipam.release(scope)  # the domain is gone: the addresses go back to the pools
         return await scope.release()
 
     async def _delete_failed(self, scope: MachineScope, failure: Failure) -> Result:

@@ -32,6 +32,7 @@ from capl.controllers.machine.bootstrap import BootstrapWatcher
 from capl.controllers.machine.memory import MachineMemory, Memory
 from capl.controllers.machine.options import MachineOptions
 from capl.controllers.machine.plan import BootstrapData, Failure, dns_name
+from capl.controllers.machine.plan_ipam import ClaimedAddress
 from capl.controllers.machine.target import Identity, Leftover, Target
 from capl.runtime.client import ResourceClient
 from capl.runtime.conditions import get_condition, rfc3339, set_condition, summarize
@@ -127,6 +128,11 @@ class MachineScope:
     bootstrap: BootstrapData | None = None
     placed: Placed | None = None
     raced: bool = False
+    ipam_static: tuple[tuple[str, ClaimedAddress], ...] = ()
+    ipam_addresses: tuple[str, ...] = ()
+    """The NICs' IPAM addresses in NIC order (reported first in status.addresses)."""
+    """(MAC, address) of the NICs whose IPAM address goes into the bootstrap data as static
+    configuration (`ipam.place_addresses`)."""
     """Our last write returned an object someone else changed meanwhile."""
 
     @property
