@@ -74,7 +74,7 @@ fmt: venv ## format the code
 	@$(VENV)/bin/ruff check --fix capl tests bench
 
 .PHONY: release-manifests
-release-manifests: venv ## write the clusterctl local repository under out/
+release-manifests: venv ## write the clusterctl local repository under out/ (this version and the next minor)
 	@hack/release-manifests.sh
 
 .PHONY: test

@@ -33,6 +33,21 @@ Decisions for `clusterctl init` on a kubelet-less test bed:
   conversion clientConfig (kube-apiserver rejects that, clusterctl retries for minutes);
   `init` refuses at once when it finds CRDs it did not install of a provider it installs.
 
+Upgrades (`upgrade_plan`, `upgrade_apply`): `make release-manifests` writes two release series
+of capl (the current version and the next minor, `next_minor`; the same code, see
+hack/release-manifests.sh) into one local repository; clusterctl installs the version its
+URL names and plans upgrades to the others beside it. What `clusterctl upgrade apply` does
+(cluster-api@v1.13 cmd/clusterctl/client/cluster/upgrader.go `doUpgrade`): scale the
+provider's Deployments to 0 and wait for `status.replicas` 0 (at once here: no Deployment
+controller), delete every object of the provider except its CRDs, its Namespace and the
+Provider inventory object (webhook configurations included; cluster-scoped RBAC whose name
+does not start with `<namespace>-` is left to be merge-patched), create the new components
+(existing ones merge-patched: the CRDs, the Namespace, the ClusterRoles), then patch the
+Provider inventory object to the new version. The managers being local processes, the
+caller stops the old one first and starts the new one after, pointing the re-created webhook
+configurations at it again. `stage_capl_source` makes the source tree such a process of the
+next version runs from.
+
 Like the rest of capl.testbed this module uses kubectl and plain HTTP only.
 """
 
@@ -40,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -146,6 +162,71 @@ def find_local_provider(
     if not (chosen / "metadata.yaml").is_file():
         raise CapiMissing(f"{chosen / 'metadata.yaml'} is missing (clusterctl needs it)")
     return LocalProvider(name=name, type=provider_type, components=chosen / components_file)
+
+
+def next_minor(version: str) -> str:
+    """The next minor release after `version`: v0.1.3 -> v0.2.0 (keeps a leading v)."""
+    prefix = "v" if version.startswith("v") else ""
+    major, minor = (int(p) for p in version.lstrip("v").split(".")[:2])
+    return f"{prefix}{major}.{minor + 1}.0"
+
+
+def stage_capl_source(source: Path, dest: Path, *, version: str) -> Path:
+    """A copy of the `capl` package at `source` (a directory named capl) under `dest`, with
+    `__version__` set to `version` (no leading v); returns `dest`, to put first on a
+    process's PYTHONPATH. The test bed runs capl's manager as a local process from this
+    checkout, not as the release's image: this is how a process of the next release series
+    of hack/release-manifests.sh (the same code) runs and reports that version."""
+    init = source / "__init__.py"
+    text = init.read_text()
+    pattern = re.compile(r'^__version__ = "[^"]*"$', re.MULTILINE)
+    if not pattern.search(text):
+        raise CapiError(f"{init} has no __version__ line to replace")
+    target = dest / "capl"
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (target / "__init__.py").write_text(pattern.sub(f'__version__ = "{version}"', text))
+    return dest
+
+
+@dataclass(frozen=True)
+class UpgradePlanRow:
+    """One provider's line of `clusterctl upgrade plan`."""
+
+    name: str
+    namespace: str
+    type: str
+    current: str
+    next: str | None
+    """The version it can be upgraded to; None when clusterctl says "Already up to date"."""
+
+
+_PLAN_ROW = re.compile(
+    r"^(?P<name>\S+)\s+(?P<namespace>\S+)\s+(?P<type>\S+Provider)\s+(?P<current>v\S+)\s+"
+    r"(?P<next>Already up to date|v\S+)\s*$"
+)
+
+
+def parse_upgrade_plan(text: str) -> dict[str, UpgradePlanRow]:
+    """The provider rows of `clusterctl upgrade plan` output, by provider name
+    (e.g. infrastructure-libvirt). Raises when there are none."""
+    rows: dict[str, UpgradePlanRow] = {}
+    for line in text.splitlines():
+        match = _PLAN_ROW.match(line.strip())
+        if match is None:
+            continue
+        upgrade = match["next"]
+        rows[match["name"]] = UpgradePlanRow(
+            name=match["name"],
+            namespace=match["namespace"],
+            type=match["type"],
+            current=match["current"],
+            next=None if upgrade == "Already up to date" else upgrade,
+        )
+    if not rows:
+        raise CapiError(f"no provider rows in the output of clusterctl upgrade plan:\n{text}")
+    return rows
 
 
 def core_metadata(version: str) -> dict[str, Any]:
@@ -341,6 +422,29 @@ class Clusterctl:
         t2 = time.monotonic()
         await finalize_namespace(plane, CERT_MANAGER_TEST_NAMESPACE)
         self.timings.update({"cert-manager CRDs": t1 - t0, "init": t2 - t1})
+        return err + out
+
+    async def upgrade_plan(self, plane: ControlPlane) -> dict[str, UpgradePlanRow]:
+        """`clusterctl upgrade plan`, parsed (`parse_upgrade_plan`)."""
+        t0 = time.monotonic()
+        out = await self.run("upgrade", "plan", kubeconfig=plane.kubeconfig, within=120)
+        self.timings["upgrade plan"] = time.monotonic() - t0
+        return parse_upgrade_plan(out)
+
+    async def upgrade_apply(
+        self, plane: ControlPlane, *, infrastructure: Sequence[str], within: float = 300.0
+    ) -> str:
+        """`clusterctl upgrade apply --infrastructure <name:version,...>` (the provider
+        references without a namespace: the namespace/ form is deprecated in v1.13); returns
+        clusterctl's log and output. Without `--wait-providers`: the Deployments never run
+        here. Stop the provider's local manager before and start the new one after (see the
+        module docstring)."""
+        t0 = time.monotonic()
+        out, err = await self.run_full(
+            "upgrade", "apply", f"--infrastructure={','.join(infrastructure)}",
+            kubeconfig=plane.kubeconfig, within=within,
+        )  # fmt: skip
+        self.timings["upgrade apply"] = time.monotonic() - t0
         return err + out
 
     async def _check_not_preinstalled(

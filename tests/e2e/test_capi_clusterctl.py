@@ -1,5 +1,6 @@
 """clusterctl against the test bed: `init --infrastructure libvirt` from local repositories,
-`generate cluster` from capl's templates, `describe`, `upgrade plan`.
+`generate cluster` from capl's templates, `describe`, `upgrade plan` (the upgrade itself:
+test_clusterctl_upgrade.py).
 
 One fresh control plane per module (init installs things the session one must not carry).
 After `init`, the Cluster API core manager runs as a local process with the clusterctl-installed
@@ -24,7 +25,7 @@ import yaml
 from capl.testbed import ControlPlane, hostedcp
 from capl.testbed.capi import CapiAssets, CapiCore
 from capl.testbed.capibuild import CERT_MANAGER_TEST_NAMESPACE
-from capl.testbed.clusterctl import Clusterctl, LocalProvider
+from capl.testbed.clusterctl import Clusterctl, LocalProvider, next_minor
 from tests.fixtures.capi import (
     ControlPlaneFactory,
     capl_webhooks,
@@ -165,12 +166,16 @@ async def test_init_installs_core_and_libvirt_providers_without_cert_manager(
         assert "service" not in client_config
         assert CLUSTERCTL_LABEL in crd["metadata"]["labels"]
 
+    # the repository carries capl's next minor too (tests/e2e/test_clusterctl_upgrade.py)
     t0 = time.monotonic()
-    plan = await management.clusterctl.run("upgrade", "plan", kubeconfig=plane.kubeconfig)
+    plan = await management.clusterctl.upgrade_plan(plane)
     record_timing("clusterctl upgrade plan", time.monotonic() - t0)
-    rows = {line.split()[0]: line for line in plan.splitlines() if line.strip()}
-    assert "Already up to date" in rows["cluster-api"]
-    assert "Already up to date" in rows["infrastructure-libvirt"]
+    assert plan["cluster-api"].next is None
+    libvirt = plan["infrastructure-libvirt"]
+    assert (libvirt.current, libvirt.next) == (
+        libvirt_provider.version,
+        next_minor(libvirt_provider.version),
+    )
 
 
 def _flavors(provider: LocalProvider) -> list[str | None]:

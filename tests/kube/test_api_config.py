@@ -319,6 +319,31 @@ def test_release_repository_layout(release_dir: Path) -> None:
     assert "capl-manager:dev" not in components
 
 
+def test_release_repository_carries_the_next_minor_made_from_the_same_tree(
+    release_dir: Path,
+) -> None:
+    """The second release series (for `clusterctl upgrade`, tests/e2e/test_clusterctl_upgrade.py):
+    vX.(Y+1).0 beside vX.Y.Z, the same files, the components identical but for the image tag,
+    and a metadata.yaml that declares both series (clusterctl plans from the newest one's)."""
+    major, minor, _ = (int(x) for x in __version__.split("."))
+    following = f"{major}.{minor + 1}.0"
+    next_dir = release_dir.parent / f"v{following}"
+    assert sorted(release_dir.parent.iterdir()) == sorted([release_dir, next_dir])
+    assert sorted(p.name for p in next_dir.iterdir()) == sorted(
+        p.name for p in release_dir.iterdir()
+    )
+    current = (release_dir / "infrastructure-components.yaml").read_text()
+    upgraded = (next_dir / "infrastructure-components.yaml").read_text()
+    assert f"ghcr.io/capl-dev/capl:v{following}" in upgraded
+    assert upgraded.replace(f"capl:v{following}", f"capl:v{__version__}") == current
+    for template in release_dir.glob("cluster-template*.yaml"):
+        assert (next_dir / template.name).read_text() == template.read_text()
+    metadata = yaml.safe_load((next_dir / "metadata.yaml").read_text())
+    assert metadata["apiVersion"] == "clusterctl.cluster.x-k8s.io/v1alpha3"
+    series = [(s["major"], s["minor"], s["contract"]) for s in metadata["releaseSeries"]]
+    assert series == [(major, minor, "v1beta2"), (major, minor + 1, "v1beta2")]
+
+
 @pytest.mark.parametrize("flavor", ["cluster-template.yaml", "cluster-template-cloudinit.yaml"])
 def test_cluster_templates_use_the_clusterctl_variables(release_dir: Path, flavor: str) -> None:
     text = (release_dir / flavor).read_text()
