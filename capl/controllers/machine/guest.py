@@ -26,8 +26,8 @@ from capl.api import constants as c
 from capl.controllers.machine.bootstrap import BootstrapSubject, sooner
 from capl.controllers.machine.placement import secret_bytes
 from capl.controllers.machine.plan_addresses import merge_addresses
-from capl.controllers.machine.plan_placement import topology_labels
 from capl.controllers.machine.plan_ipam import with_ipam_first
+from capl.controllers.machine.plan_placement import topology_labels
 from capl.controllers.machine.scope import DONE, MachineScope
 from capl.ports.virt import InterfaceAddress
 from capl.runtime.conditions import get_condition
