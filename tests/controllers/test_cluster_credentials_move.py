@@ -16,7 +16,6 @@ user of its own, no system:masters; the role grants `patch` on Secrets, not `del
 from __future__ import annotations
 
 import functools
-import json
 import secrets
 import tempfile
 from collections.abc import AsyncIterator
@@ -31,6 +30,7 @@ from capl.kube import KubeClient
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import LIBVIRT_CLUSTER, NAMESPACE, SECRET
 from capl.testbed import AssetsMissing, ControlPlane, find_assets
+from capl.testbed.identities import MANAGER_AUDIT_POLICY, manager_kubeconfig
 from capl.testing.crds import CRD_DIR
 from capl.testing.harness import TEST_DRIVER, ControllerHarness
 from capl.testing.objects import random_cidr
@@ -45,11 +45,8 @@ from tests.controllers.test_cluster_support import (
 )
 from tests.fixtures.common import require_part
 from tests.fixtures.objects import install_capi_crds
-from tests.security.test_rbac_audit import LEASE_NAMESPACE, rbac_objects
 
 pytestmark = pytest.mark.apiserver
-
-MANAGER_USER = "capl-ownerref-manager"
 SETUP = functools.partial(libvirtcluster.setup, options=LibvirtClusterOptions(health_interval=None))
 
 
@@ -65,6 +62,8 @@ async def enforcing_plane(
     plane = ControlPlane(
         assets=assets,
         workdir=tmp_path_factory.mktemp("ownerref-plane"),
+        audit_log=tmp_path_factory.mktemp("ownerref-audit") / "audit.log",
+        audit_policy=MANAGER_AUDIT_POLICY,
         admission_plugins=["OwnerReferencesPermissionEnforcement"],
     )
     try:
@@ -72,14 +71,7 @@ async def enforcing_plane(
         await plane.install_crds(CRD_DIR)
         with tempfile.TemporaryDirectory() as tmp:
             await install_capi_crds(plane, Path(tmp))
-        admin = await KubeClient.connect(str(plane.kubeconfig))
-        try:
-            await admin.resource(NAMESPACE).create({"metadata": {"name": LEASE_NAMESPACE}})
-        finally:
-            await admin.close()
-        items = rbac_objects(MANAGER_USER)
-        body = json.dumps({"apiVersion": "v1", "kind": "List", "items": items}).encode()
-        await plane.kubectl("apply", "-f", "-", stdin=body)
+        await manager_kubeconfig(plane)  # the shipped roles bound to the manager's user
         yield plane
     finally:
         await plane.stop()
@@ -92,7 +84,7 @@ async def restricted(enforcing_plane: ControlPlane) -> AsyncIterator[ControllerH
     namespace = f"ownerref-{secrets.token_hex(3)}"
     api = await KubeClient.connect(str(plane.kubeconfig))
     await api.resource(NAMESPACE).create({"metadata": {"name": namespace}})
-    user = plane.add_user(MANAGER_USER)
+    user = await manager_kubeconfig(plane)
     client = await KubeClient.connect(str(user), track_objects=True)
     h = ControllerHarness(client=client, api=api, hosts=LibvirtHosts(), namespace=namespace)
     try:
@@ -107,6 +99,7 @@ async def restricted(enforcing_plane: ControlPlane) -> AsyncIterator[ControllerH
             await api.close()
 
 
+@pytest.mark.manager_refusals_allowed(r"patch secrets")  # the refusal this test is about
 async def test_refused_owner_reference_label_and_condition(
     restricted: ControllerHarness,
 ) -> None:
