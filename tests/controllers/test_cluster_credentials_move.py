@@ -43,7 +43,7 @@ from tests.controllers.test_cluster_support import (
     unique,
     wait_condition,
 )
-from tests.fixtures.common import require_part
+from tests.fixtures.common import eventually, require_part
 from tests.fixtures.objects import install_capi_crds
 
 pytestmark = pytest.mark.apiserver
@@ -130,8 +130,13 @@ async def test_refused_owner_reference_label_and_condition(
     secret = await h.api.resource(SECRET).get(ObjectKey(h.namespace, secret_name))
     assert secret["metadata"]["labels"] == {c.CLUSTERCTL_MOVE_LABEL: ""}
     assert not secret["metadata"].get("ownerReferences")
-    events = await events_of(h, name)
-    assert ("Warning", c.Reason.OWNER_REFERENCE_REFUSED, cond["message"]) in events
+    # the Event is posted after the status patch: wait for it (seen missing on a busy machine)
+    warning = ("Warning", c.Reason.OWNER_REFERENCE_REFUSED, cond["message"])
+
+    async def warned() -> bool:
+        return warning in await events_of(h, name)
+
+    await eventually(warned, within=30, what="the OwnerReferenceRefused Warning event")
     # the manager's requests on the Secret: the label patch, the refused owner reference;
     # a later reconcile does not ask again while the Secret is unchanged
     asked = h.writes(SECRET, secret_name)
