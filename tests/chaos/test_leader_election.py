@@ -8,8 +8,12 @@ as flags (4 s / 3 s / 1 s). The first one started leads. While 60 machines are b
 - the standby's Prometheus metrics show zero reconciles (it has not reconciled anything while
   the leader lived), then the leader is killed with SIGKILL (no lease release);
 - takeover time = the standby's "became leader" log record minus the moment of the kill; it
-  must be below 20 s (with the defaults it is bounded by the lease duration plus a jittered
-  retry period, ~15-19 s);
+  must be below `takeover_limit()`: the standby sees the last renewal up to one jittered
+  retry period (retry x 2.2) after it happened, which can be after the kill, takes the lease
+  at its first poll once the record stayed unchanged for the lease duration, up to another
+  jittered retry period later: lease + 2 x 2.2 x retry (23.8 s with the defaults, 8.4 s
+  with the short variant), plus 2 s for the requests and the log line on a busy machine (a
+  flat 20 s failed once at 20.4 s with the defaults, within this bound);
 - the churn continues (20 more machines, 10 deletions) under the new leader.
 
 Then: every machine converges; libvirt, listed directly, has exactly one domain per machine
@@ -40,7 +44,16 @@ from tests.fixtures.bed import Host
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd]
 
 LEASE_NAME = "controller-leader-election-capl"
-TAKEOVER_LIMIT = 20.0
+# capl.runtime.leaderelection polls every retry_period * (1 + random() * 1.2)
+RETRY_JITTER = 1.2
+REQUEST_ALLOWANCE = 2.0
+
+
+def takeover_limit(lease: float, retry: float) -> float:
+    """The longest a standby can take to lead after the leader died (module docstring)."""
+    return lease + 2 * retry * (1 + RETRY_JITTER) + REQUEST_ALLOWANCE
+
+
 _RECONCILES = re.compile(r"^controller_runtime_reconcile_total\{[^}]*\}\s+([0-9.e+]+)$", re.M)
 
 
@@ -173,7 +186,8 @@ async def test_leader_killed_standby_takes_over_without_double_provisioning(
             f"{takeover:.1f} s after SIGKILL of the leader ({in_flight} machines in flight); "
             f"{len(machines)} machines converged, no double provisioning"
         )
-        assert takeover < TAKEOVER_LIMIT, f"takeover took {takeover:.1f} s"
+        limit = takeover_limit(lease, retry)
+        assert takeover < limit, f"takeover took {takeover:.1f} s (limit {limit:.1f} s)"
         await bed.delete_cluster(cluster)
     finally:
         for manager in managers:
