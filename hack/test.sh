@@ -1,6 +1,18 @@
 #!/usr/bin/env bash
 # The body of `make test`: brings up every part of the test bed (each step idempotent and
 # cached), then runs the suite stage by stage so a failure says which layer broke.
+#
+# Stages run in phases; inside a phase two lanes run side by side, each a pytest process per
+# stage with its own session control plane and temporary directory. The pairing keeps
+# apart what stages share on this machine:
+# - chaos restarts the system libvirtd (and with it the shared test driver): it runs alone;
+# - the multihost stage checks that the root namespace's libvirtd was never restarted and
+#   that /etc/libvirt holds nothing but `capl-` objects of other stages: it runs beside
+#   libvirtd+e2e, which name everything `capl-`, never beside chaos;
+# - the shared test driver (test+unix:///default) is used by one lane at a time;
+# - the TCG-heavy stages (nodes, e2e, multihost) are each paired with lighter work where they can.
+# CAPL_TEST_STAGES="a b" runs just those stages, one after another (when iterating);
+# CAPL_TEST_SERIAL=1 runs every stage one after another.
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=hack/lib.sh
 . "$HERE/lib.sh"
@@ -15,14 +27,62 @@ timed release-manifests hack/release-manifests.sh >/dev/null
 export CAPL_REQUIRE_ALL=1
 note "set-up: $((SECONDS - stage_start)) s"
 
-PYTEST=(.venv/bin/pytest -p no:cacheprovider)
-# CAPL_TEST_STAGES narrows the run to some stages (e.g. "controllers chaos") when iterating.
-for stage in ${CAPL_TEST_STAGES:-unit virt kube controllers chaos libvirtd security e2e multihost nodes}; do
+ALL_STAGES="unit virt kube controllers chaos libvirtd security e2e multihost nodes"
+PHASES=(
+	"unit virt kube controllers security | nodes"
+	"chaos"
+	"libvirtd e2e | multihost"
+)
+LOGS="$(mktemp -d /tmp/capl-test.XXXXXX)"
+PRINT_LOCK="$LOGS/print.lock"
+
+# run_stage STAGE: one pytest process; its output is kept and printed in one piece when the
+# stage ends (two lanes never interleave their lines). Returns pytest's status.
+run_stage() {
+	local stage="$1" t0=$SECONDS status=0
 	# a stage with no test files yet is skipped (pytest would exit 5, "no tests collected")
-	compgen -G "tests/$stage/test_*.py" >/dev/null || continue
-	run=("${PYTEST[@]}")
+	compgen -G "tests/$stage/test_*.py" >/dev/null || return 0
+	local run=(.venv/bin/pytest -p no:cacheprovider --basetemp="$LOGS/$stage")
 	# the multihost bed has fixed names (one per machine): runs that use it take turns
 	[ "$stage" = multihost ] && run=(flock /tmp/capl-multihost.lock "${run[@]}")
-	timed "tests/$stage" "${run[@]}" "tests/$stage" ${PYTEST_ARGS:-}
-done
+	note "tests/$stage: started"
+	# shellcheck disable=SC2086 # PYTEST_ARGS is a list of words
+	"${run[@]}" "tests/$stage" ${PYTEST_ARGS:-} >"$LOGS/$stage.log" 2>&1 || status=$?
+	{
+		flock 9
+		cat "$LOGS/$stage.log"
+		note "tests/$stage: $((SECONDS - t0)) s$([ "$status" -eq 0 ] || echo " (FAILED, exit $status)")"
+	} 9>"$PRINT_LOCK"
+	return "$status"
+}
+
+# run_lane STAGE...: the stages one after another; stops at the first that fails.
+run_lane() {
+	local stage
+	for stage in "$@"; do
+		run_stage "$stage" || return 1
+	done
+}
+
+failed=0
+if [ -n "${CAPL_TEST_STAGES:-}" ] || [ -n "${CAPL_TEST_SERIAL:-}" ]; then
+	# shellcheck disable=SC2086 # a list of words
+	run_lane ${CAPL_TEST_STAGES:-$ALL_STAGES} || failed=1
+else
+	for phase in "${PHASES[@]}"; do
+		pids=()
+		IFS='|' read -r -a lanes <<<"$phase"
+		for lane in "${lanes[@]}"; do
+			# shellcheck disable=SC2086 # a list of words
+			run_lane $lane &
+			pids+=($!)
+		done
+		for pid in "${pids[@]}"; do
+			wait "$pid" || failed=1
+		done
+		[ "$failed" -eq 0 ] || break
+	done
+fi
 note "make test: $((SECONDS - stage_start)) s"
+[ "$failed" -eq 0 ] || die "a test stage failed (its output is above; logs in $LOGS)"
+rm -rf "$LOGS"
