@@ -234,9 +234,10 @@ class HandlePool:
             when = f"next attempt in {waiting:.1f}s"
         else:
             return None  # the backoff window after a failed connect is over: try again
-        return HostUnreachable(
-            f"{action}: {error.message} ({when})", host=self.host_id, code=error.code
-        )
+        # the same words as the failed connect itself (only the schedule is added): a caller
+        # that reports the outage (a condition) sees one message whether its call tried to
+        # connect or was refused during the backoff, so an unchanged outage writes nothing
+        return HostUnreachable(f"{error.message} ({when})", host=self.host_id, code=error.code)
 
     def _take_free(self) -> list[Handle]:
         """Empty the pool (holding ``_state``): the handles no call uses, for disposal."""

@@ -245,3 +245,19 @@ async def test_close_does_not_wait_for_a_stuck_call(hosts: LibvirtHosts) -> None
     finally:
         release.set()
         await stuck
+
+
+async def test_an_unchanged_outage_reads_the_same_whether_connecting_or_backing_off(
+    hosts: LibvirtHosts,
+) -> None:
+    """A host that cannot be reached fails a call that tries to connect and a call refused
+    during the backoff after it with the same words (only the schedule is added): the cluster
+    controller reports the text in a condition, and a different text per retry was a status
+    write per retry (seen in tests/controllers/test_cluster_controller.py)."""
+    host = hosts.get(uri="qemu+unix:///session?socket=/nonexistent/capl-test.sock")
+    with pytest.raises(HostUnreachable) as connecting:
+        await host.info()
+    with pytest.raises(HostUnreachable) as backing_off:
+        await host.info()
+    assert "next attempt in" in str(backing_off.value)
+    assert str(backing_off.value).startswith(str(connecting.value))
