@@ -20,6 +20,7 @@ from capl.testing.harness import TEST_DRIVER, ControllerHarness
 from capl.testing.objects import BRIDGE_ENDPOINT, TEST_DRIVER_BRIDGE
 from tests.controllers.test_cluster_support import (
     cached,
+    caught_up,
     clusters,
     condition_of,
     conditions_of,
@@ -200,7 +201,7 @@ async def test_failure_domains_and_an_unreachable_host(
     for uri in (TEST_DRIVER, shared_test_driver):
         assert await h.host(uri).get_network(network) is not None
     # retrying the unreachable host does not rewrite the status
-    await settle(h)
+    await caught_up(h, name)
     before = writes(h, name)
     await reconcile_again(h, name)
     await reconcile_again(h, name)
@@ -376,7 +377,7 @@ async def test_bad_network_input_names_the_cause_and_creates_nothing(
     assert await host.get_network(obj["spec"]["network"]["name"]) is None
     assert has_condition(obj, c.ConditionType.CONTROL_PLANE_ENDPOINT_READY, "True")
     # no hot loop: a problem only a spec change can fix is retried slowly, writing nothing
-    await settle(h)
+    await caught_up(h, overlap)
     before = writes(h, overlap)
     await reconcile_again(h, overlap)
     assert writes(h, overlap) == before

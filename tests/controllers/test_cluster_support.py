@@ -33,6 +33,7 @@ from capl.runtime.objects import Obj, ObjectKey, get_path
 from capl.runtime.resources import CLUSTER, LIBVIRT_CLUSTER, LIBVIRT_MACHINE, MACHINE, SECRET
 from capl.testing.harness import ControllerHarness, Setup
 from capl.testing.objects import b64, cluster_obj, libvirt_machine_obj, machine_obj, owner_ref
+from tests.fixtures.common import eventually as common_eventually
 from tests.fixtures.runtime import eventually
 
 FAST = LibvirtClusterOptions(
@@ -67,10 +68,30 @@ async def settle(h: ControllerHarness, *, within: float = 30.0) -> None:
     )
 
 
+async def caught_up(h: ControllerHarness, name: str, *, within: float = 30.0) -> None:
+    """The controller is idle and its cache holds the LibvirtCluster `name` as the API server
+    does. A reconcile that reads an older copy (its own last status patch not yet seen through
+    the watch, which lags on a loaded machine) writes that status again: write counts taken
+    before this would count such a catch-up write as the reconcile's."""
+
+    async def same_version() -> bool:
+        await settle(h, within=within)
+        fresh = await h.get(LIBVIRT_CLUSTER, name)
+        held = cached(h, name)
+        return (
+            fresh is not None
+            and held is not None
+            and held["metadata"]["resourceVersion"] == fresh["metadata"]["resourceVersion"]
+        )
+
+    await common_eventually(same_version, within=within, what=f"the cache holds {name} as stored")
+
+
 async def reconcile_again(h: ControllerHarness, name: str, *, within: float = 30.0) -> None:
-    """Enqueue the LibvirtCluster `name` and wait until that reconcile has finished."""
+    """Enqueue the LibvirtCluster `name` (once the cache has caught up with it, see
+    `caught_up`) and wait until that reconcile has finished."""
     ctl = controller(h)
-    await settle(h, within=within)
+    await caught_up(h, name, within=within)
     before = ctl.reconciles
     ctl.enqueue(ObjectKey(h.namespace, name))
     await eventually(lambda: ctl.reconciles > before, within=within)
