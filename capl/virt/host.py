@@ -404,9 +404,10 @@ class LibvirtHost:
 
     # -- domains --------------------------------------------------------------------------
 
-    async def define_domain(self, spec: DomainSpec) -> DomainInfo:
+    async def define_domain(self, spec: DomainSpec, *, absent: bool = False) -> DomainInfo:
         return await self._conn.run(
-            f"define domain {spec.name}", lambda c: domains.define(c, self.host_id, spec)
+            f"define domain {spec.name}",
+            lambda c: domains.define(c, self.host_id, spec, absent=absent),
         )
 
     async def get_domain(self, uuid: str) -> DomainInfo | None:
@@ -419,9 +420,12 @@ class LibvirtHost:
             f"look up domain {name}", lambda c: domains.get_by_name(c, self.host_id, name)
         )
 
-    async def start_domain(self, uuid: str, *, owner: DomainOwner) -> DomainInfo:
+    async def start_domain(
+        self, uuid: str, *, owner: DomainOwner, defined: DomainInfo | None = None
+    ) -> DomainInfo:
         return await self._conn.run(
-            f"start domain {uuid}", lambda c: domains.start(c, self.host_id, uuid, owner)
+            f"start domain {uuid}",
+            lambda c: domains.start(c, self.host_id, uuid, owner, defined=defined),
         )
 
     async def request_shutdown(self, uuid: str, *, owner: DomainOwner) -> None:
