@@ -57,6 +57,7 @@ from capl.virt import agent, download, network_hosts, storage
 from capl.virt import domain as domains
 from capl.virt import network as networks
 from capl.virt.connection import HostConnection
+from capl.virt.counting import forget_lookups
 from capl.virt.errors import is_unsupported_flags
 from capl.virt.images import ImageImporter
 from capl.virt.pools import PoolDrivers
@@ -180,6 +181,7 @@ class LibvirtHost:
     async def ensure_pool(self, spec: PoolSpec) -> PoolInfo:
         def op(c: Any) -> PoolInfo:
             with self._locks.get("pool", spec.name):
+                forget_lookups(c)  # (re)defined: handles look the pool up again
                 return storage.ensure_pool(c, spec, drivers=self._pools)
 
         return await self._serial("pool", spec.name, f"ensure storage pool {spec.name}", op)
@@ -192,6 +194,7 @@ class LibvirtHost:
     async def delete_pool(self, *, name: str, owner: ClusterOwner) -> bool:
         def op(c: Any) -> bool:
             with self._locks.get("pool", name):
+                forget_lookups(c)
                 return storage.delete_pool(c, name, owner)
 
         return await self._serial("pool", name, f"delete storage pool {name}", op)
@@ -296,6 +299,7 @@ class LibvirtHost:
         def op(c: Any) -> NetworkInfo:
             with self._locks.get("network", spec.name):
                 self._networks.drop(spec.name)
+                forget_lookups(c)
                 return networks.ensure_network(c, spec, adopt=adopt)
 
         return await self._serial("network", spec.name, f"ensure network {spec.name}", op)
@@ -310,6 +314,7 @@ class LibvirtHost:
         def op(c: Any) -> bool:
             with self._locks.get("network", name):
                 self._networks.drop(name)
+                forget_lookups(c)
                 return networks.delete_network(c, name, owner)
 
         return await self._serial("network", name, f"delete network {name}", op)
