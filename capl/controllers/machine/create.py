@@ -137,7 +137,7 @@ async def _create_steps(scope: MachineScope, bootstrap: BootstrapData) -> Domain
         nics=nics,
         console_log=posixpath.join(posixpath.dirname(root_path), names.console_log),
     )
-    # neither the UUID (ensure_domain) nor the name (above) exists: define need not look again
+    # neither the UUID (ensure_domain, or fresh) nor the name (above) exists: no look-up again
     defined = await host.define_domain(domain_spec, absent=holder is None)
     fault_point("domain-defined")
     started = await start_domain(scope.ctx, host, domain_uuid, ident.owner(), defined=defined)
