@@ -182,6 +182,7 @@ class LibvirtHost:
         def op(c: Any) -> PoolInfo:
             with self._locks.get("pool", spec.name):
                 forget_lookups(c)  # (re)defined: handles look the pool up again
+                self._importer.forget(self.host_id, spec.name)
                 return storage.ensure_pool(c, spec, drivers=self._pools)
 
         return await self._serial("pool", spec.name, f"ensure storage pool {spec.name}", op)
@@ -195,6 +196,7 @@ class LibvirtHost:
         def op(c: Any) -> bool:
             with self._locks.get("pool", name):
                 forget_lookups(c)
+                self._importer.forget(self.host_id, name)
                 return storage.delete_pool(c, name, owner)
 
         return await self._serial("pool", name, f"delete storage pool {name}", op)
@@ -225,7 +227,13 @@ class LibvirtHost:
                     backing_format=backing_format,
                 )
 
-        return await self._serial("pool", pool, f"create overlay volume {name} in pool {pool}", op)
+        try:
+            return await self._serial(
+                "pool", pool, f"create overlay volume {name} in pool {pool}", op
+            )
+        except VirtError:  # the base image may be gone: check it again next time
+            self._importer.forget(self.host_id, pool, base.name)
+            raise
 
     async def create_volume(
         self,
@@ -284,6 +292,7 @@ class LibvirtHost:
     async def delete_volume(self, *, pool: str, name: str) -> bool:
         def op(c: Any) -> bool:
             with self._locks.get("pool", pool):
+                self._importer.forget(self.host_id, pool, name)
                 return storage.delete_volume(c, pool, name)
 
         return await self._serial("pool", pool, f"delete volume {name} in pool {pool}", op)

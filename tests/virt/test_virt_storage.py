@@ -330,3 +330,21 @@ async def test_an_operation_whose_remembered_pool_is_gone_runs_again_afresh(
     # a pool that is really gone: the second attempt's error stands
     with pytest.raises(PoolNotFound):
         await host.connection.run("missing pool", lambda c: lookup_pool(c, "capl-none-x"))
+
+
+async def test_a_base_image_is_checked_once_until_it_is_deleted(
+    hosts: LibvirtHosts, host: LibvirtHost, pool: tuple[str, ClusterOwner]
+) -> None:
+    """A scale-out checks its base image once (ImageImporter remembers it per connection);
+    deleting it through capl makes the next machine check (and fail) again."""
+    name, _ = pool
+    await host.create_volume(pool=name, name="capl-base-k", capacity_bytes=GIB)
+    source = ImageFromVolume(name="capl-base-k")
+    first = await host.ensure_base_image(pool=name, name="capl-base-k", source=source)
+    total = hosts.calls.total(host.host_id)
+    again = await host.ensure_base_image(pool=name, name="capl-base-k", source=source)
+    assert again == first
+    assert hosts.calls.total(host.host_id) == total  # no libvirt call
+    assert await host.delete_volume(pool=name, name="capl-base-k")
+    with pytest.raises(ImageError, match="does not exist"):
+        await host.ensure_base_image(pool=name, name="capl-base-k", source=source)
