@@ -96,6 +96,7 @@ class LibvirtHost:
             tuple[str, str, str, str, str, tuple[str, ...], DomainCaps, tuple[Any, ...]] | None
         ) = None
         self._static_generation = -1
+        self._known_info: tuple[int, HostInfo] | None = None  # the last answer of info()
 
     @property
     def host_id(self) -> HostId:
@@ -117,7 +118,18 @@ class LibvirtHost:
 
     # -- host -----------------------------------------------------------------------------
 
-    async def info(self) -> HostInfo:
+    async def info(self, *, free_memory: bool = True) -> HostInfo:
+        known = self._known_info
+        # without the free memory, a connected host answers from what it knows (a lost host
+        # is asked, and refuses at once)
+        if (
+            not free_memory
+            and known is not None
+            and known[0] == self._conn.generation
+            and self._conn.connected
+        ):
+            return known[1]
+
         def op(c: Any) -> HostInfo:
             generation = self._conn.generation
             if self._static is None or self._static_generation != generation:
@@ -151,7 +163,7 @@ class LibvirtHost:
                 self._static_generation = generation
             hostname, lib, hypervisor, hv_version, arch, types, domcaps, model_info = self._static
             free = int(c.getFreeMemory())
-            return HostInfo(
+            info = HostInfo(
                 host_id=self.host_id,
                 hostname=hostname,
                 arch=arch or str(model_info[0]),
@@ -166,6 +178,8 @@ class LibvirtHost:
                 uefi_supported=domcaps.efi,
                 uefi_loaders=domcaps.loaders,
             )
+            self._known_info = (generation, info)
+            return info
 
         return await self._conn.run("read host info", op)
 
