@@ -6,7 +6,8 @@
 - Secondary watches (`watches`): the Cluster (its infrastructureRef), LibvirtMachines and
   control-plane Machines of the cluster (`ControlPlaneMachineChanges`: any deletion, address,
   label or deletion-state changes of control-plane machines, and for every machine a change
-  of its host, migration target or evictionStrategy — host maintenance), credentials Secrets
+  of its host, migration target or evictionStrategy while a host of its cluster is in
+  maintenance), credentials Secrets
   (an index of `spec.hosts[].credentialsRef`), and the evacuation LibvirtMachineMigrations
   (label `EVACUATION_HOST_LABEL`, mapped by their owner reference to the LibvirtCluster that
   made them; created, deleted, or a new phase: `MIGRATION_CHANGES`). The machine
@@ -65,6 +66,7 @@ __all__ = [
     "control_plane_addresses",
     "credentials_indexer",
     "host_event_trigger",
+    "in_maintenance",
     "internal_ips",
     "is_control_plane_machine",
     "libvirt_clusters_of",
@@ -179,11 +181,38 @@ def _placement_changed(old: Obj, new: Obj) -> bool:
     return any(get_path(old, *p) != get_path(new, *p) for p in _PLACEMENT_PATHS)
 
 
+def _has_maintenance(obj: Obj) -> bool:
+    """A host of this LibvirtCluster in maintenance, or one whose maintenance status is still
+    reported (the reconcile that removes it is woken by the spec change itself)."""
+    return any(
+        isinstance(h, Mapping) and h.get("maintenance")
+        for part in ("spec", "status")
+        for h in get_path(obj, part, "hosts") or ()
+    )
+
+
+def in_maintenance(cache: Cache, machine: Obj) -> bool:
+    """Whether a LibvirtCluster of the machine's cluster has a host in maintenance (from the
+    cache): only then does a machine's placement matter to the cluster's reconcile. Without
+    it, every new machine (hostName, then status.host) would wake the whole cluster reconcile
+    (network, pool, endpoint: it reads the network's whole definition) twice for nothing."""
+    cluster = labels(machine).get(c.CLUSTER_NAME_LABEL) or get_path(machine, "spec", "clusterName")
+    if not cluster:
+        return False
+    namespace = meta(machine).get("namespace") or ""
+    for key in libvirt_clusters_of(cache, namespace=namespace, cluster=str(cluster)):
+        obj = cache.get(LIBVIRT_CLUSTER, key)
+        if obj is not None and _has_maintenance(obj):
+            return True
+    return False
+
+
 class ControlPlaneMachineChanges:
     """LibvirtMachine events that matter to the cluster: any deletion (deletion waits for the
     machines), creates/updates of control-plane machines that change their addresses,
     labels or deletion state (the endpoint records), and updates of any machine that change
-    its host, migration target or eviction strategy (host maintenance)."""
+    its host, migration target or eviction strategy while a host of its cluster is in
+    maintenance (`in_maintenance`)."""
 
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
@@ -195,7 +224,7 @@ class ControlPlaneMachineChanges:
         return True
 
     def update(self, old: Obj, new: Obj) -> bool:
-        if old is not new and _placement_changed(old, new):
+        if old is not new and _placement_changed(old, new) and in_maintenance(self.cache, new):
             return True
         if not (
             is_control_plane_machine(self.cache, old) or is_control_plane_machine(self.cache, new)

@@ -2,8 +2,8 @@
 
 kubernetes_asyncio provides the configuration loaders (kubeconfig, exec/OIDC tokens, in-cluster)
 and the TLS-configured aiohttp session; requests go straight through that session with JSON
-encoded/decoded here (no model deserialisation: objects stay raw dicts, which is both what the
-runtime wants and several times faster). Every request is counted in `RequestStats`
+encoded/decoded here by orjson (no model deserialisation: objects stay raw dicts, which is both
+what the runtime wants and several times faster). Every request is counted in `RequestStats`
 (rest_client_requests_total{code,method,host}) and, when `track_objects` is on, per object.
 
 Requests go through a session of our own on kubernetes_asyncio's connector (its TLS setup and
@@ -19,7 +19,6 @@ Watches stream newline-delimited JSON; a socket read timeout turns a silent conn
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
@@ -27,6 +26,7 @@ from urllib.parse import quote, urlencode, urlsplit
 from urllib.request import getproxies, proxy_bypass
 
 import aiohttp
+import orjson
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from capl.kube.config import load_configuration
@@ -158,7 +158,7 @@ class KubeClient:
         url = self._host + path
         if query:
             url += "?" + urlencode(query)
-        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        data = None if body is None else orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
         headers = await self._headers_for(content_type if data is not None else None)
         try:
             return await self._session.request(
@@ -209,7 +209,7 @@ class KubeClient:
             )
         if code >= 300:
             raise _error(code, payload)
-        return json.loads(payload) if payload else None
+        return orjson.loads(payload) if payload else None
 
 
 def _env_proxy(host: str) -> str | None:
@@ -225,7 +225,7 @@ def _env_proxy(host: str) -> str | None:
 def _error(code: int, payload: bytes) -> ApiError:
     reason = message = ""
     try:
-        status = json.loads(payload)
+        status = orjson.loads(payload)
         if isinstance(status, dict):
             reason = str(status.get("reason") or "")
             message = str(status.get("message") or "")
@@ -431,7 +431,7 @@ class KubeResourceClient:
 
 def _watch_event(line: bytes) -> WatchEvent:
     try:
-        event = json.loads(line)
+        event = orjson.loads(line)
     except ValueError as exc:
         raise TransportError(f"undecodable watch event: {line[:100]!r}") from exc
     kind = event.get("type")

@@ -164,7 +164,8 @@ class HostConnection:
             ) from None
         submitted.add_done_callback(self._call_done)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(submitted), limit)
+            async with asyncio.timeout(limit):  # no task of its own, unlike wait_for
+                return await asyncio.wrap_future(submitted)
         except TimeoutError:
             raise HostUnreachable(
                 f"{action} on {self.host_id}: no answer from the host within {limit:g} s",

@@ -6,12 +6,23 @@ objects it returns; methods that never leave the process (``name``, ``UUIDString
 counted. The benchmark reads the counts ("libvirt calls per machine"). A stream made through
 the proxy tells the handle's owner, which keeps that handle out of its pool until the stream
 is finished or aborted (``capl.virt.handles``).
+
+``remembered`` keeps the storage pools looked up by name on the connection handle that
+looked them up, so that the volume calls of a scale-out (two volumes per machine) do not
+each pay a look-up first. A remembered pool is dropped when this process defines or removes
+a pool or network on the host (``forget_lookups``: every handle of the host starts afresh),
+and from its handle when an operation fails with a not-found code (``LOOKUP_GONE``: removed
+or re-created by someone else), which is then run once more, looking up afresh
+(``HandlePool.invoke``). Handles die with their connection, and so does what they remember.
+Networks are looked up every time: the DHCP/DNS entry cache (``network_cache``) tells a
+network re-created behind this process's back by the looked-up handle's UUID.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import libvirt
@@ -21,12 +32,14 @@ from capl.ports.virt import HostId
 if TYPE_CHECKING:
     from capl.virt.handles import Handle, HandlePool
 
-__all__ = ["CallCounter", "Counted"]
+__all__ = ["LOOKUP_GONE", "CallCounter", "Counted", "forget_lookups", "remembered"]
 
 _LOCAL_METHODS = frozenset(
     {"name", "UUIDString", "UUID", "key", "ID", "connect", "isAlive", "getURI"}
 )
 _STREAM_ENDS = frozenset({"finish", "abort"})
+LOOKUP_GONE = frozenset({libvirt.VIR_ERR_NO_STORAGE_POOL})
+"""Error codes that say a remembered pool handle may be stale (``remembered``)."""
 _WRAPPED_TYPES = (
     libvirt.virDomain,
     libvirt.virNetwork,
@@ -105,3 +118,32 @@ def wrap(result: Any, owner: HandlePool, handle: Handle) -> Any:
     if isinstance(result, list) and result and isinstance(result[0], _WRAPPED_TYPES):
         return [Counted(item, owner, handle) for item in result]
     return result
+
+
+def remembered(c: Any, kind: str, name: str, fetch: Callable[[], Any]) -> Any:
+    """``fetch()`` (a look-up by name on ``c``), remembered on the handle behind ``c`` until
+    the host's look-ups are forgotten (see the module docstring). A ``c`` that is not a
+    counted handle (tests) looks up every time."""
+    if not isinstance(c, Counted):
+        return fetch()
+    handle: Handle = object.__getattribute__(c, "_handle")
+    owner: HandlePool = object.__getattribute__(c, "_owner")
+    epoch = owner.lookup_epoch
+    cache = handle.lookups
+    if handle.lookups_epoch != epoch:
+        cache.clear()
+        handle.lookups_epoch = epoch
+    key = (kind, name)
+    found = cache.get(key)
+    if found is None:
+        found = fetch()
+        if found is not None:
+            cache[key] = found
+    return found
+
+
+def forget_lookups(c: Any) -> None:
+    """Every handle of ``c``'s host forgets what it remembered (a pool or network was
+    defined or removed by this process)."""
+    if isinstance(c, Counted):
+        object.__getattribute__(c, "_owner").forget_lookups()

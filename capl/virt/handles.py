@@ -55,7 +55,7 @@ import libvirt
 from capl.ports.errors import HostUnreachable, VirtError
 from capl.ports.virt import DomainEvent, HostEvent, HostEventKind
 from capl.virt.connecthints import connect_hint
-from capl.virt.counting import CallCounter, Counted
+from capl.virt.counting import LOOKUP_GONE, CallCounter, Counted
 from capl.virt.errors import is_connection_error, translate
 from capl.virt.events import EventHub, ensure_event_loop
 from capl.virt.states import close_reason_name, event_detail_name, event_kind
@@ -75,6 +75,10 @@ _BACKOFF_MAX = 30.0
 
 def _backoff(failures: int) -> float:
     return float(min(_BACKOFF_MAX, _BACKOFF_FIRST * (2 ** max(0, failures - 1))))
+
+
+def _code(exc: VirtError | libvirt.libvirtError) -> int | None:
+    return exc.code if isinstance(exc, VirtError) else exc.get_error_code()
 
 
 def in_process(plan: ConnectPlan) -> bool:
@@ -135,6 +139,8 @@ class Handle:
         "disposed",
         "epoch",
         "lent",
+        "lookups",
+        "lookups_epoch",
         "primary",
         "shared",
         "streams",
@@ -151,6 +157,8 @@ class Handle:
         self.users = 0
         self.disposed = False
         self.callback_ids: list[int] = []
+        self.lookups: dict[tuple[str, str], Any] = {}  # pools, networks (counting.remembered)
+        self.lookups_epoch = 0
 
 
 class HandlePool:
@@ -176,6 +184,7 @@ class HandlePool:
         self._closed = False
         self._stop = threading.Event()
         self._reconnecting = False  # a reconnector thread is at work
+        self.lookup_epoch = 0  # advances when the handles must forget their look-ups
 
     @property
     def connected(self) -> bool:
@@ -209,6 +218,11 @@ class HandlePool:
 
     def count(self, method: str) -> None:
         self._counter.add(self.host_id, method)
+
+    def forget_lookups(self) -> None:
+        """Every handle forgets the pools and networks it remembered (counting.remembered)."""
+        with self._state:
+            self.lookup_epoch += 1
 
     def close(self) -> threading.Thread | None:
         """Fail every new call, stop the reconnector, close the idle handles (handles in use
@@ -255,7 +269,16 @@ class HandlePool:
         handle = self._checkout(action)
         broken: HostUnreachable | None = None
         try:
-            return fn(Counted(handle.conn, self, handle))
+            try:
+                return fn(Counted(handle.conn, self, handle))
+            except (VirtError, libvirt.libvirtError) as exc:
+                if not (handle.lookups and _code(exc) in LOOKUP_GONE):
+                    raise
+                # a pool or network the handle remembered is gone (re-created elsewhere):
+                # once more, looked up afresh (the stale object's first call failed, so
+                # nothing was changed through it)
+                handle.lookups.clear()
+                return fn(Counted(handle.conn, self, handle))
         except VirtError as error:  # raised by the operation itself: say which host
             if error.host is None:
                 error.host = self.host_id

@@ -57,6 +57,7 @@ from capl.virt import agent, download, network_hosts, storage
 from capl.virt import domain as domains
 from capl.virt import network as networks
 from capl.virt.connection import HostConnection
+from capl.virt.counting import forget_lookups
 from capl.virt.errors import is_unsupported_flags
 from capl.virt.images import ImageImporter
 from capl.virt.pools import PoolDrivers
@@ -95,6 +96,7 @@ class LibvirtHost:
             tuple[str, str, str, str, str, tuple[str, ...], DomainCaps, tuple[Any, ...]] | None
         ) = None
         self._static_generation = -1
+        self._known_info: tuple[int, HostInfo] | None = None  # the last answer of info()
 
     @property
     def host_id(self) -> HostId:
@@ -116,7 +118,18 @@ class LibvirtHost:
 
     # -- host -----------------------------------------------------------------------------
 
-    async def info(self) -> HostInfo:
+    async def info(self, *, free_memory: bool = True) -> HostInfo:
+        known = self._known_info
+        # without the free memory, a connected host answers from what it knows (a lost host
+        # is asked, and refuses at once)
+        if (
+            not free_memory
+            and known is not None
+            and known[0] == self._conn.generation
+            and self._conn.connected
+        ):
+            return known[1]
+
         def op(c: Any) -> HostInfo:
             generation = self._conn.generation
             if self._static is None or self._static_generation != generation:
@@ -150,7 +163,7 @@ class LibvirtHost:
                 self._static_generation = generation
             hostname, lib, hypervisor, hv_version, arch, types, domcaps, model_info = self._static
             free = int(c.getFreeMemory())
-            return HostInfo(
+            info = HostInfo(
                 host_id=self.host_id,
                 hostname=hostname,
                 arch=arch or str(model_info[0]),
@@ -165,6 +178,8 @@ class LibvirtHost:
                 uefi_supported=domcaps.efi,
                 uefi_loaders=domcaps.loaders,
             )
+            self._known_info = (generation, info)
+            return info
 
         return await self._conn.run("read host info", op)
 
@@ -180,6 +195,8 @@ class LibvirtHost:
     async def ensure_pool(self, spec: PoolSpec) -> PoolInfo:
         def op(c: Any) -> PoolInfo:
             with self._locks.get("pool", spec.name):
+                forget_lookups(c)  # (re)defined: handles look the pool up again
+                self._importer.forget(self.host_id, spec.name)
                 return storage.ensure_pool(c, spec, drivers=self._pools)
 
         return await self._serial("pool", spec.name, f"ensure storage pool {spec.name}", op)
@@ -192,6 +209,8 @@ class LibvirtHost:
     async def delete_pool(self, *, name: str, owner: ClusterOwner) -> bool:
         def op(c: Any) -> bool:
             with self._locks.get("pool", name):
+                forget_lookups(c)
+                self._importer.forget(self.host_id, name)
                 return storage.delete_pool(c, name, owner)
 
         return await self._serial("pool", name, f"delete storage pool {name}", op)
@@ -222,7 +241,13 @@ class LibvirtHost:
                     backing_format=backing_format,
                 )
 
-        return await self._serial("pool", pool, f"create overlay volume {name} in pool {pool}", op)
+        try:
+            return await self._serial(
+                "pool", pool, f"create overlay volume {name} in pool {pool}", op
+            )
+        except VirtError:  # the base image may be gone: check it again next time
+            self._importer.forget(self.host_id, pool, base.name)
+            raise
 
     async def create_volume(
         self,
@@ -281,6 +306,7 @@ class LibvirtHost:
     async def delete_volume(self, *, pool: str, name: str) -> bool:
         def op(c: Any) -> bool:
             with self._locks.get("pool", pool):
+                self._importer.forget(self.host_id, pool, name)
                 return storage.delete_volume(c, pool, name)
 
         return await self._serial("pool", pool, f"delete volume {name} in pool {pool}", op)
@@ -296,6 +322,7 @@ class LibvirtHost:
         def op(c: Any) -> NetworkInfo:
             with self._locks.get("network", spec.name):
                 self._networks.drop(spec.name)
+                forget_lookups(c)
                 return networks.ensure_network(c, spec, adopt=adopt)
 
         return await self._serial("network", spec.name, f"ensure network {spec.name}", op)
@@ -310,6 +337,7 @@ class LibvirtHost:
         def op(c: Any) -> bool:
             with self._locks.get("network", name):
                 self._networks.drop(name)
+                forget_lookups(c)
                 return networks.delete_network(c, name, owner)
 
         return await self._serial("network", name, f"delete network {name}", op)
@@ -404,9 +432,10 @@ class LibvirtHost:
 
     # -- domains --------------------------------------------------------------------------
 
-    async def define_domain(self, spec: DomainSpec) -> DomainInfo:
+    async def define_domain(self, spec: DomainSpec, *, absent: bool = False) -> DomainInfo:
         return await self._conn.run(
-            f"define domain {spec.name}", lambda c: domains.define(c, self.host_id, spec)
+            f"define domain {spec.name}",
+            lambda c: domains.define(c, self.host_id, spec, absent=absent),
         )
 
     async def get_domain(self, uuid: str) -> DomainInfo | None:
@@ -419,9 +448,12 @@ class LibvirtHost:
             f"look up domain {name}", lambda c: domains.get_by_name(c, self.host_id, name)
         )
 
-    async def start_domain(self, uuid: str, *, owner: DomainOwner) -> DomainInfo:
+    async def start_domain(
+        self, uuid: str, *, owner: DomainOwner, defined: DomainInfo | None = None
+    ) -> DomainInfo:
         return await self._conn.run(
-            f"start domain {uuid}", lambda c: domains.start(c, self.host_id, uuid, owner)
+            f"start domain {uuid}",
+            lambda c: domains.start(c, self.host_id, uuid, owner, defined=defined),
         )
 
     async def request_shutdown(self, uuid: str, *, owner: DomainOwner) -> None:

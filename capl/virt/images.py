@@ -15,6 +15,11 @@
   or from a transient directory pool created for the file's directory.
 - From a volume: used as is when it is in the target pool (never deleted by capl), cloned
   otherwise.
+- A base image found complete (or imported) is remembered per (host, pool, volume) while the
+  host's connection lasts, so that a scale-out checks it once, not once per machine. It is
+  forgotten when capl deletes that volume or its pool, defines the pool, and when an overlay
+  on it fails (``forget``): a base image removed behind capl's back costs the next machine
+  one failed attempt, and its retry checks (and imports) again.
 """
 
 from __future__ import annotations
@@ -101,6 +106,15 @@ class ImageImporter:
         self._lock = threading.Lock()
         self._inflight: dict[tuple[HostId, str, str], concurrent.futures.Future[BaseImage]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # (host, pool, volume) -> (connection generation, the image): see the module docstring
+        self._known: dict[tuple[HostId, str, str], tuple[int, BaseImage]] = {}
+
+    def forget(self, host_id: HostId, pool: str, name: str | None = None) -> None:
+        """Forget the remembered base image ``name`` (every one of ``pool`` when None)."""
+        with self._lock:
+            for key in [k for k in self._known if k[:2] == (host_id, pool)]:
+                if name is None or name in (key[2], key[2] + COMPLETE_SUFFIX):
+                    del self._known[key]
 
     def inflight(self) -> int:
         with self._lock:
@@ -117,7 +131,11 @@ class ImageImporter:
         source: ImageSource,
     ) -> BaseImage:
         key = (conn.host_id, pool, name)
+        generation = conn.generation
         with self._lock:
+            known = self._known.get(key)
+            if known is not None and known[0] == generation:
+                return known[1]
             future = self._inflight.get(key)
             starter = future is None
             if future is None:
@@ -142,6 +160,7 @@ class ImageImporter:
         name: str,
         source: ImageSource,
     ) -> None:
+        generation = conn.generation  # remembered for this connection only
         try:
             result = await _import(conn, locks, drivers, pool=pool, name=name, source=source)
         except asyncio.CancelledError:
@@ -150,6 +169,8 @@ class ImageImporter:
         except BaseException as exc:
             future.set_exception(exc)
         else:
+            with self._lock:
+                self._known[key] = (generation, result)
             future.set_result(result)
         finally:
             with self._lock:

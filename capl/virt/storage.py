@@ -30,6 +30,7 @@ import libvirt
 from capl.ports.errors import AlreadyExists, PoolNotFound, StorageError, Unsupported
 from capl.ports.naming import POOL_OWNER_MARKER_PREFIX, is_capl_name, pool_owner_marker
 from capl.ports.virt import ClusterOwner, PoolInfo, PoolSpec, VolumeFormat, VolumeInfo, VolumeRef
+from capl.virt.counting import remembered
 from capl.virt.pools import PoolDriver, PoolDrivers, VolumeRequest
 from capl.virt.storagexml import parse_pool_xml, parse_volume_xml
 from capl.virt.support import code_of, ignore_codes, lookup, retry_busy
@@ -58,7 +59,10 @@ _NO_VOL = libvirt.VIR_ERR_NO_STORAGE_VOL
 
 
 def lookup_pool(c: Any, name: str) -> Any:
-    pool = lookup(lambda: c.storagePoolLookupByName(name), _NO_POOL)
+    """The pool (remembered on the connection handle: ``counting.remembered``)."""
+    pool = remembered(
+        c, "pool", name, lambda: lookup(lambda: c.storagePoolLookupByName(name), _NO_POOL)
+    )
     if pool is None:
         raise PoolNotFound(f"storage pool {name!r} does not exist")
     return pool

@@ -60,8 +60,10 @@ class _HookedHost:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    async def start_domain(self, uuid: str, *, owner: DomainOwner) -> DomainInfo:
-        info = await self._inner.start_domain(uuid, owner=owner)
+    async def start_domain(
+        self, uuid: str, *, owner: DomainOwner, defined: DomainInfo | None = None
+    ) -> DomainInfo:
+        info = await self._inner.start_domain(uuid, owner=owner, defined=defined)
         await self._on_start(owner)
         return info
 

@@ -261,3 +261,17 @@ async def test_an_unchanged_outage_reads_the_same_whether_connecting_or_backing_
         await host.info()
     assert "next attempt in" in str(backing_off.value)
     assert str(backing_off.value).startswith(str(connecting.value))
+
+
+async def test_host_info_without_free_memory_answers_from_what_it_knows(
+    hosts: LibvirtHosts,
+) -> None:
+    """Placement on a one-host cluster weighs nothing: its info comes without a call once
+    known (and the free memory is read whenever it is asked for)."""
+    host = hosts.get(uri=LOCAL)
+    first = await host.info(free_memory=False)  # nothing known yet: read
+    calls = hosts.calls.total(host.host_id)
+    assert await host.info(free_memory=False) == first
+    assert hosts.calls.total(host.host_id) == calls
+    await host.info()
+    assert hosts.calls.snapshot()[host.host_id]["virConnect.getFreeMemory"] == 2

@@ -88,6 +88,41 @@ async def test_define_start_stop_undefine(host: LibvirtHost) -> None:
     assert not await host.destroy_domain(spec.uuid, owner=owner)
 
 
+async def test_a_domain_just_defined_is_defined_and_started_without_reading_it_again(
+    hosts: LibvirtHosts, host: LibvirtHost
+) -> None:
+    """The create path: neither UUID nor name exists (absent), then start with what define
+    returned: 4 calls (define: defineXML, setAutostart; start: lookup, create) and the
+    answer is what a fresh read says."""
+    owner = _owner()
+    spec = _spec(owner)
+    assert await host.get_domain(spec.uuid) is None  # (connects)
+    before = hosts.calls.snapshot()[host.host_id]
+    defined = await host.define_domain(spec, absent=True)
+    running = await host.start_domain(spec.uuid, owner=owner, defined=defined)
+    after = hosts.calls.snapshot()[host.host_id]
+    assert {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)} == {
+        "virConnect.defineXML": 1,
+        "virDomain.setAutostart": 1,
+        "virConnect.lookupByUUIDString": 1,
+        "virDomain.create": 1,
+    }
+    assert await host.get_domain(spec.uuid) == running
+    assert running.state is DomainState.RUNNING
+    # started by someone else in between: the domain is read
+    other = _spec(_owner())
+    defined = await host.define_domain(other, absent=True)
+    await host.start_domain(other.uuid, owner=other.owner)
+    again = await host.start_domain(other.uuid, owner=other.owner, defined=defined)
+    assert again == await host.get_domain(other.uuid)
+    # a definition of another domain is refused
+    with pytest.raises(ValueError, match="not that of"):
+        await host.start_domain(spec.uuid, owner=owner, defined=defined)
+    # absent, and yet the name exists under another UUID: libvirt's define refuses
+    with pytest.raises(AlreadyExists):
+        await host.define_domain(_spec(owner, uuid=str(uuid.uuid4())), absent=True)
+
+
 async def test_undefine_a_running_domain_destroys_it_first(host: LibvirtHost) -> None:
     owner = _owner()
     spec = _spec(owner)

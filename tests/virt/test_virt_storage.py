@@ -12,8 +12,10 @@ import asyncio
 import hashlib
 import re
 import secrets
+import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Callable
 
+import libvirt
 import pytest
 
 from capl.ports.errors import (
@@ -33,10 +35,13 @@ from capl.ports.virt import (
     PoolSpec,
     VolumeFormat,
 )
-from capl.virt import LibvirtHost
+from capl.virt import LibvirtHost, LibvirtHosts
+from capl.virt.counting import remembered
+from capl.virt.storage import lookup_pool
 from tests.fixtures.images import ImageServer, qcow2_image
 
 GIB = 1024**3
+URI = "test:///default"
 
 
 @pytest.fixture
@@ -263,3 +268,83 @@ async def test_a_users_volume_is_never_taken_for_a_leftover(
     assert await host.get_volume(pool=name, name="golden.qcow2") is not None
     assert image_server.requests == []
     await host.delete_volume(pool=name, name="golden.qcow2")
+
+
+async def test_a_remembered_pool_is_looked_up_again_when_re_created_elsewhere(
+    hosts: LibvirtHosts, host: LibvirtHost, pool: tuple[str, ClusterOwner]
+) -> None:
+    """Volume calls look the pool up once per connection handle (counting.remembered); after
+    a pool was destroyed and defined again behind the adapter's back (new UUID) the
+    operation succeeds (the test driver finds pools by name; a driver that goes by UUID
+    fails the stale object's call, and the operation is run again: the next test)."""
+    name, _ = pool
+    await host.create_volume(pool=name, name="capl-r-1", capacity_bytes=GIB)
+    before = hosts.calls.snapshot()[host.host_id]
+    await host.create_volume(pool=name, name="capl-r-2", capacity_bytes=GIB)
+    after = hosts.calls.snapshot()[host.host_id]
+    assert after.get("virConnect.storagePoolLookupByName") == before.get(
+        "virConnect.storagePoolLookupByName"
+    )
+    other = libvirt.open(URI)
+    try:
+        old = other.storagePoolLookupByName(name)
+        root = ET.fromstring(old.XMLDesc(0))
+        old_uuid = old.UUIDString()
+        for element in root.findall("uuid"):
+            root.remove(element)
+        for volume in old.listAllVolumes(0):
+            volume.delete(0)
+        old.destroy()
+        old.undefine()
+        new = other.storagePoolDefineXML(ET.tostring(root, encoding="unicode"), 0)
+        new.create(0)
+        assert new.UUIDString() != old_uuid
+        made = await host.create_volume(pool=name, name="capl-r-3", capacity_bytes=GIB)
+        assert made.name == "capl-r-3"
+        assert [v.name() for v in new.listAllVolumes(0)] == ["capl-r-3"]
+    finally:
+        other.close()
+
+
+class _PoolGone(libvirt.libvirtError):
+    def get_error_code(self) -> int:
+        return int(libvirt.VIR_ERR_NO_STORAGE_POOL)
+
+
+async def test_an_operation_whose_remembered_pool_is_gone_runs_again_afresh(
+    host: LibvirtHost,
+) -> None:
+    looked_up: list[int] = []
+    attempts: list[object] = []
+
+    def op(c: object) -> object:
+        pool = remembered(c, "pool", "p", lambda: looked_up.append(1) or object())
+        attempts.append(pool)
+        if len(attempts) == 1:
+            raise _PoolGone("no storage pool with matching uuid")
+        return pool
+
+    assert await host.connection.run("remembered pool", op) is attempts[1]
+    assert len(looked_up) == 2
+    assert attempts[0] is not attempts[1]
+    # a pool that is really gone: the second attempt's error stands
+    with pytest.raises(PoolNotFound):
+        await host.connection.run("missing pool", lambda c: lookup_pool(c, "capl-none-x"))
+
+
+async def test_a_base_image_is_checked_once_until_it_is_deleted(
+    hosts: LibvirtHosts, host: LibvirtHost, pool: tuple[str, ClusterOwner]
+) -> None:
+    """A scale-out checks its base image once (ImageImporter remembers it per connection);
+    deleting it through capl makes the next machine check (and fail) again."""
+    name, _ = pool
+    await host.create_volume(pool=name, name="capl-base-k", capacity_bytes=GIB)
+    source = ImageFromVolume(name="capl-base-k")
+    first = await host.ensure_base_image(pool=name, name="capl-base-k", source=source)
+    total = hosts.calls.total(host.host_id)
+    again = await host.ensure_base_image(pool=name, name="capl-base-k", source=source)
+    assert again == first
+    assert hosts.calls.total(host.host_id) == total  # no libvirt call
+    assert await host.delete_volume(pool=name, name="capl-base-k")
+    with pytest.raises(ImageError, match="does not exist"):
+        await host.ensure_base_image(pool=name, name="capl-base-k", source=source)

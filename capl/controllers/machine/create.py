@@ -137,9 +137,10 @@ async def _create_steps(scope: MachineScope, bootstrap: BootstrapData) -> Domain
         nics=nics,
         console_log=posixpath.join(posixpath.dirname(root_path), names.console_log),
     )
-    await host.define_domain(domain_spec)
+    # neither the UUID (ensure_domain, or fresh) nor the name (above) exists: no look-up again
+    defined = await host.define_domain(domain_spec, absent=holder is None)
     fault_point("domain-defined")
-    started = await start_domain(scope.ctx, host, domain_uuid, ident.owner())
+    started = await start_domain(scope.ctx, host, domain_uuid, ident.owner(), defined=defined)
     fault_point("domain-started")
     return started
 
@@ -185,13 +186,21 @@ async def _create_storage(
 
 
 async def start_domain(
-    ctx: Context, host: Host, domain_uuid: str, owner: DomainOwner
+    ctx: Context,
+    host: Host,
+    domain_uuid: str,
+    owner: DomainOwner,
+    *,
+    defined: DomainInfo | None = None,
 ) -> DomainInfo:
-    """Start the domain; its STARTED event is known as our own echo (`OwnStarts`)."""
+    """Start the domain; its STARTED event is known as our own echo (`OwnStarts`).
+    `defined`: what define_domain has just returned (saves reading the domain again)."""
     starts = ctx.memory.own_starts
     starts.add(domain_uuid, now=ctx.deps.clock.now())
     try:
-        return await host.start_domain(domain_uuid, owner=owner)
+        if defined is None:
+            return await host.start_domain(domain_uuid, owner=owner)
+        return await host.start_domain(domain_uuid, owner=owner, defined=defined)
     except BaseException:
         starts.discard(domain_uuid)
         raise

@@ -132,8 +132,12 @@ async def place(scope: MachineScope) -> Target:
 
 
 async def _choose(scope: MachineScope, targets: list[Target]) -> Target:
-    """The reachable target with the most memory left (host info asked concurrently)."""
-    infos = await asyncio.gather(*(t.host.info() for t in targets), return_exceptions=True)
+    """The reachable target with the most memory left (host info asked concurrently; one
+    host: nothing to weigh, its free memory is not read again)."""
+    weigh = len(targets) > 1
+    infos = await asyncio.gather(
+        *(t.host.info(free_memory=weigh) for t in targets), return_exceptions=True
+    )
     uid = scope.lm.metadata.uid or ""
     candidates: list[HostCandidate] = []
     problems: list[str] = []
@@ -145,7 +149,7 @@ async def _choose(scope: MachineScope, targets: list[Target]) -> Target:
             continue
         target.info = info
         committed = 0
-        if len(targets) > 1:  # one host: nothing to weigh
+        if weigh:
             committed = committed_memory(
                 scope.ctx.cache.by_index(
                     LIBVIRT_MACHINE,

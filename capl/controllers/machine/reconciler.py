@@ -439,6 +439,7 @@ class LibvirtMachineReconciler:
             ident=ident,
             domain_uuid=domain_uuid,
             provisioned=_provisioned(lm),
+            fresh=fresh,
         )
         if fresh or scope.main_changed():
             await scope.write_main()

@@ -200,10 +200,13 @@ class GuestFile:
 class HostDomains(Protocol):
     """The domain operations of a ``Host``."""
 
-    async def define_domain(self, spec: DomainSpec) -> DomainInfo:
+    async def define_domain(self, spec: DomainSpec, *, absent: bool = False) -> DomainInfo:
         """Define (persistent) and set autostart. Existing domain with ``spec.uuid`` and our
         tag: returned unchanged. A name or UUID held by a foreign domain:
-        ForeignDomainError."""
+        ForeignDomainError. ``absent``: the caller has just found neither ``spec.uuid``
+        (``get_domain``) nor ``spec.name`` (``find_domain``), so these look-ups are not
+        repeated; a domain that appeared since is refused by libvirt's define itself (a
+        UUID under another name, a name under another UUID)."""
         ...
 
     async def get_domain(self, uuid: str) -> DomainInfo | None: ...
@@ -214,8 +217,12 @@ class HostDomains(Protocol):
         creates anything."""
         ...
 
-    async def start_domain(self, uuid: str, *, owner: DomainOwner) -> DomainInfo:
-        """Start if not running (running: no-op); resumes a paused domain."""
+    async def start_domain(
+        self, uuid: str, *, owner: DomainOwner, defined: DomainInfo | None = None
+    ) -> DomainInfo:
+        """Start if not running (running: no-op); resumes a paused domain. ``defined``: what
+        ``define_domain`` has just returned for it (shut off, tagged ``owner``): its tag and
+        state are not read again and the answer is derived from it."""
         ...
 
     async def request_shutdown(self, uuid: str, *, owner: DomainOwner) -> None:

@@ -59,8 +59,10 @@ class Host(HostStorage, HostNetworks, HostDomains, Protocol):
     def host_id(self) -> HostId: ...
 
     # -- host --
-    async def info(self) -> HostInfo:
-        """Connects if needed; raises HostUnreachable when the host cannot be reached."""
+    async def info(self, *, free_memory: bool = True) -> HostInfo:
+        """Connects if needed; raises HostUnreachable when the host cannot be reached.
+        ``free_memory=False``: the caller does not weigh the free memory, which may then be
+        the last value read (a connected host answers from what it knows, without a call)."""
         ...
 
     async def reachable(self) -> bool: ...

@@ -16,7 +16,7 @@ from capl.runtime.clock import FakeClock
 from capl.runtime.handlers import HasLabel
 from capl.runtime.informer import Cache
 from capl.runtime.objects import Obj, ObjectKey
-from capl.runtime.resources import LIBVIRT_MACHINE, LIBVIRT_MACHINE_MIGRATION
+from capl.runtime.resources import LIBVIRT_CLUSTER, LIBVIRT_MACHINE, LIBVIRT_MACHINE_MIGRATION
 from tests.fixtures.runtime import FakeClient
 
 NS = "ns"
@@ -50,8 +50,26 @@ def migration(phase: str | None = None, *, deleting: bool = False, label: bool =
     return {"metadata": metadata, "spec": {"machineName": "w"}, "status": {"phase": phase}}
 
 
+def libvirt_cluster(*, maintenance: str | None) -> Obj:
+    host: dict[str, Any] = {"name": "kvm1", "uri": "test:///default"}
+    if maintenance:
+        host["maintenance"] = {"reason": maintenance}
+    return {
+        "metadata": {
+            "name": "lc1",
+            "namespace": NS,
+            "ownerReferences": [
+                {"apiVersion": c.CAPI_API_VERSION, "kind": "Cluster", "name": "c1", "uid": "u"}
+            ],
+        },
+        "spec": {"hosts": [host]},
+    }
+
+
 def test_a_worker_changing_host_target_or_strategy_wakes_the_cluster() -> None:
-    predicate = ControlPlaneMachineChanges(Cache(FakeClient(), clock=FakeClock()))
+    cache = Cache(FakeClient(), clock=FakeClock())
+    cache.store(LIBVIRT_CLUSTER).upsert(libvirt_cluster(maintenance="kernel update"))
+    predicate = ControlPlaneMachineChanges(cache)
     old = worker()
     assert not predicate.update(old, old)  # resync of a worker: nothing
     assert not predicate.update(old, {**old, "status": {"host": "kvm1", "addresses": []}})
@@ -60,6 +78,25 @@ def test_a_worker_changing_host_target_or_strategy_wakes_the_cluster() -> None:
     assert predicate.update(old, worker(evictionStrategy="Recreate"))
     assert not predicate.create(old)
     assert predicate.delete(old)
+
+
+def test_placement_changes_wake_the_cluster_only_while_a_host_is_in_maintenance() -> None:
+    """A new machine gets its hostName, then status.host: without maintenance these must not
+    wake the cluster reconcile (it reads the network's whole definition) for nothing."""
+    cache = Cache(FakeClient(), clock=FakeClock())
+    predicate = ControlPlaneMachineChanges(cache)
+    new, placed = worker(None), worker()
+    assert not predicate.update(new, placed)  # no LibvirtCluster in the cache
+    cache.store(LIBVIRT_CLUSTER).upsert(libvirt_cluster(maintenance=None))
+    assert not predicate.update(new, placed)
+    assert not predicate.update(placed, worker("kvm2"))
+    cache.store(LIBVIRT_CLUSTER).upsert(libvirt_cluster(maintenance="disk swap"))
+    assert predicate.update(new, placed)
+    assert predicate.update(placed, worker("kvm2"))
+    ended = libvirt_cluster(maintenance=None)
+    ended["status"] = {"hosts": [{"name": "kvm1", "maintenance": {"phase": "Evacuated"}}]}
+    cache.store(LIBVIRT_CLUSTER).upsert(ended)  # status still reported: still woken
+    assert predicate.update(placed, worker("kvm2"))
 
 
 def test_evacuation_migrations_wake_their_libvirt_cluster() -> None:
