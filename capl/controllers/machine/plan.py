@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 from capl.api import constants as c
 from capl.api.machine import LibvirtMachineSpec
+from capl.controllers.machine.plan_hardware import domain_hardware
 from capl.ports.bootstrap import validate_ignition
 from capl.ports.errors import (
     AddressConflict,
@@ -374,6 +375,8 @@ def build_domain_spec(
         fw_cfg=fw_cfg,
         console_log=console_log,
         cpu_mode="host-passthrough" if domain_type == "kvm" else None,
+        hardware=domain_hardware(spec),
+        machine="q35" if spec.secure_boot else None,  # secure boot needs SMM: q35
     )
 
 
