@@ -71,6 +71,13 @@ ResourceName = Annotated[
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
     ),
 ]
+MdevUUID = Annotated[
+    str,
+    Field(
+        max_length=36,
+        pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+    ),
+]
 MdevType = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
@@ -171,12 +178,7 @@ class MediatedDevice(K8sModel):
 
     name: DeviceName
     """Name of the device, unique within the machine."""
-    uuid: (
-        Annotated[
-            str, Field(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-        ]
-        | None
-    ) = None
+    uuid: MdevUUID | None = None
     """UUID of an existing mediated device of the host."""
     type: MdevType | None = None
     """mdev type (e.g. `nvidia-558`): any free mediated device of that type on the host."""

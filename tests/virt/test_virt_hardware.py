@@ -54,14 +54,14 @@ async def test_hardware_lists_devices_and_who_uses_them(gpu_host: LibvirtHost) -
         ("0000:65:00.1", "0x10de", "0x2236"),
     ]
     assert [(m.uuid, m.type) for m in hw.mdevs] == [(MDEV, "nvidia-558")]
-    assert hw.used_pci == frozenset() and hw.used_mdevs == frozenset()
+    assert (hw.used_pci, hw.used_mdevs) == (frozenset(), frozenset())
     spec = _spec(
         _owner(),
         hardware=DomainHardware(pci=(A10,), mdevs=(MdevSelector(name="v", type="nvidia-558"),)),
     )
     await gpu_host.define_domain(spec)
     hw = await gpu_host.hardware()
-    assert len(hw.used_pci) == 1 and hw.used_mdevs == frozenset({MDEV})
+    assert (len(hw.used_pci), hw.used_mdevs) == (1, frozenset({MDEV}))
     assert spec.uuid in hw.domain_uuids
     # defined again (a retried reconcile): its own devices do not count as taken
     again = await gpu_host.define_domain(spec)
@@ -79,7 +79,7 @@ async def test_concurrent_definitions_never_share_a_device(gpu_host: LibvirtHost
         *(gpu_host.define_domain(s) for s in specs), return_exceptions=True
     )
     refused = [r for r in results if isinstance(r, BaseException)]
-    assert len(refused) == 1 and isinstance(refused[0], InvalidSpec), results
+    assert [type(r) for r in refused] == [InvalidSpec], results
     assert "no free PCI device vendor 0x10de product 0x2236" in str(refused[0])
     hw = await gpu_host.hardware()
     assert hw.used_pci == {"0000:65:00.0", "0000:65:00.1"}

@@ -61,7 +61,7 @@ def test_cpu_mode_only_and_no_hardware_is_unchanged() -> None:
         build_domain_xml(_domain(hardware=DomainHardware(cpu=CpuSpec(mode="host-model"))))
     )
     cpus = root.findall("cpu")
-    assert len(cpus) == 1 and cpus[0].get("mode") == "host-model"
+    assert [cpu.get("mode") for cpu in cpus] == ["host-model"]
 
 
 def test_unresolved_device_selector_is_refused() -> None:
