@@ -49,7 +49,7 @@ def _ask(pty: str, command: str, *, timeout: float = 60) -> str:
         os.close(fd)
 
 
-async def test_guest_sees_the_tpm_and_the_cpu_topology(  # noqa: F811 - fixtures imported
+async def test_guest_sees_the_tpm_and_the_cpu_topology(
     bed: Bed,  # noqa: F811
     bed_names: dict[str, list[str]],  # noqa: F811
     guest_base: Path,  # noqa: F811
