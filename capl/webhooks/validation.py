@@ -319,6 +319,23 @@ def _check_machine_spec(
                 f"{prefix}.migrationTarget",
                 "must not be set in a template: capl sets it on one machine while it migrates",
             )
+        pinned = [
+            *(
+                f"hostDevices[{i}].pciAddress"
+                for i, d in enumerate(spec.host_devices or ())
+                if d.pci_address
+            ),
+            *(
+                f"mediatedDevices[{i}].uuid"
+                for i, d in enumerate(spec.mediated_devices or ())
+                if d.uuid
+            ),
+        ]
+        for path in pinned:
+            verdict.warnings.append(
+                f"{prefix}.{path}: names one device; only one machine of the template can"
+                " have it (select by vendor/product or mdev type instead)"
+            )
 
 
 def validate_libvirt_machine(

@@ -214,3 +214,17 @@ def test_pending_machines_claim_their_devices_until_their_domain_is_defined() ->
     ]
     pci, mdevs = pending_selectors(others, skip_uid="me", defined=frozenset({"u1"}))
     assert (pci, [m.uuid for m in mdevs]) == ([], ["b1ae8bf6-38b0-4c81-9d44-78ce3f520496"])
+
+
+def test_a_template_naming_one_device_is_warned_about() -> None:
+    template = LibvirtMachineTemplate.model_validate(
+        {
+            "metadata": {"name": "t", "namespace": "ns"},
+            "spec": {"template": {"spec": machine(**GOOD).spec.wire()}},
+        }
+    )
+    verdict = validate_libvirt_machine_template(template)
+    assert verdict.errors == []
+    assert [w.split(":")[0] for w in verdict.warnings] == [
+        "spec.template.spec.hostDevices[1].pciAddress"
+    ]
