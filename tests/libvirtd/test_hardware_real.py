@@ -80,7 +80,7 @@ async def test_guest_sees_the_tpm_and_the_cpu_topology(
     await bed.host.define_domain(spec)
     await bed.host.start_domain(spec.uuid, owner=owner)
     log = bed.pool_path / names.console_log
-    await asyncio.to_thread(wait_for_marker, log, "ready", timeout=180)
+    await asyncio.to_thread(wait_for_marker, log, "ready", timeout=600)
     record_timing("hardware guest (TPM, topology) to ready", time.monotonic() - started)
     conn = bed.host.connection
     live = await conn.run("read the live XML", lambda c: c.lookupByUUIDString(spec.uuid).XMLDesc(0))
