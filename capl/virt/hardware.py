@@ -6,7 +6,7 @@
   devices (node devices, ``pci`` and ``mdev`` capabilities), and which of them domains
   defined on the host use (their ``<hostdev>`` elements, every domain, not only capl's).
 - ``resolve``: the ``DomainSpec`` with every device selector bound to one free device;
-  ``InvalidSpec`` (nothing defined) when the host has none free. The caller runs it and the
+  ``DeviceUnavailable`` (nothing defined) when the host has none free. The caller runs it and the
   definition in one serial section per host (``LibvirtHost.define_domain``), so two
   machines never get one device.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import libvirt
 
-from capl.ports.errors import InvalidSpec
+from capl.ports.errors import DeviceUnavailable
 from capl.ports.virt import (
     DomainSpec,
     HostCell,
@@ -193,7 +193,7 @@ def resolve(hw: HostHardware, spec: DomainSpec) -> DomainSpec:
     for selector in want.pci:
         device = next((d for d in hw.pci if selector.matches(d) and d.address not in taken), None)
         if device is None:
-            raise InvalidSpec(
+            raise DeviceUnavailable(
                 f"host device {selector.name}: no free PCI device {selector.describe()} on the host"
             )
         taken.add(device.address)
@@ -203,7 +203,7 @@ def resolve(hw: HostHardware, spec: DomainSpec) -> DomainSpec:
     for wanted in want.mdevs:
         mdev = next((d for d in hw.mdevs if wanted.matches(d) and d.uuid not in taken_mdevs), None)
         if mdev is None:
-            raise InvalidSpec(
+            raise DeviceUnavailable(
                 f"mediated device {wanted.name}: no free {wanted.describe()} on the host"
             )
         taken_mdevs.add(mdev.uuid)

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from capl.api import constants as c
+from capl.controllers.machine.plan import Failure, classify
 from capl.controllers.machine.plan_hardware import refusal
-from capl.ports.errors import InvalidSpec
+from capl.ports.errors import DeviceUnavailable, InvalidSpec
 from capl.ports.virt import CpuSpec, DomainHardware, MdevSelector, NumaCellSpec, PciSelector
 from capl.virt import LibvirtHost, LibvirtHosts
 from tests.virt.test_virt_domains import _owner, _spec
@@ -79,7 +81,10 @@ async def test_concurrent_definitions_never_share_a_device(gpu_host: LibvirtHost
         *(gpu_host.define_domain(s) for s in specs), return_exceptions=True
     )
     refused = [r for r in results if isinstance(r, BaseException)]
-    assert [type(r) for r in refused] == [InvalidSpec], results
+    assert [type(r) for r in refused] == [DeviceUnavailable], results
+    assert classify(refused[0]) == Failure(  # type: ignore[arg-type]
+        c.Reason.HARDWARE_UNAVAILABLE, str(refused[0]), True
+    )
     assert "no free PCI device vendor 0x10de product 0x2236" in str(refused[0])
     hw = await gpu_host.hardware()
     assert hw.used_pci == {"0000:65:00.0", "0000:65:00.1"}
