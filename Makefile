@@ -89,6 +89,10 @@ demo-e2e: venv ## the default (real-node) capl demo end to end, as make demo run
 test-multihost: venv ## the multihost stage alone (in make test too): the three-host bed, bridge mode across hosts, live migration
 	@CAPL_TEST_STAGES=multihost hack/test.sh
 
+.PHONY: test-firmware
+test-firmware: venv ## UEFI secure boot in a TCG guest, from OVMF's log (not in make test: OVMF with SMM under TCG is slow)
+	@CAPL_TEST_STAGES=firmware hack/test.sh
+
 .PHONY: e2e-kcp
 e2e-kcp: venv ## a KubeadmControlPlane machine running kubeadm init in a TCG guest, and a worker joining it (not in make test)
 	@CAPL_TEST_STAGES=kcp hack/test.sh

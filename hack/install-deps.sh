@@ -9,6 +9,8 @@ PACKAGES=(
 	# libvirt host (testbed-facts: the minimal set that works without systemd)
 	qemu-system-x86 qemu-utils libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
 	dnsmasq-base iptables ovmf
+	# an emulated TPM 2.0 for machines with spec.tpm (libvirt runs swtpm, swtpm_setup)
+	swtpm swtpm-tools
 	# building libvirt-python in the virtualenv
 	libvirt-dev pkg-config gcc python3-dev
 	# guest image: kernel and busybox are extracted from their .debs, the disk is a FAT

@@ -186,6 +186,8 @@ class Reason(StrEnum):
     """A bound IPAddress that capl cannot use (not IPv4, no prefix, a claim of another owner)."""
     # Failures with a cause the user can fix.
     HOST_NOT_FOUND = "HostNotFound"
+    HARDWARE_UNAVAILABLE = "HardwareUnavailable"
+    """No host (or not the pinned one) can give the machine its CPU, memory or devices."""
     FAILURE_DOMAIN_CONFLICT = "FailureDomainConflict"
     """spec.hostName names another host than the Machine's spec.failureDomain."""
     OWNER_REFERENCE_SET = "OwnerReferenceSet"

@@ -49,6 +49,15 @@ from capl.api.base import (
     schema_extra,
 )
 from capl.api.constants import API_VERSION, Kind
+from capl.api.hardware import (
+    CPU,
+    TOPOLOGY_RULE,
+    TPM,
+    HostDevice,
+    Hugepages,
+    MediatedDevice,
+    XMLPatch,
+)
 from capl.api.meta import Condition, InitializationStatus, MachineAddress, ObjectMeta
 
 ImageFormat = Literal["qcow2", "raw"]
@@ -171,7 +180,8 @@ class LibvirtMachineSpec(K8sModel):
                     " || self.providerID == 'libvirt:///' + self.domainUUID",
                     "providerID must be libvirt:/// followed by domainUUID",
                     field_path=".providerID",
-                )
+                ),
+                TOPOLOGY_RULE,
             ]
         )
     }
@@ -211,6 +221,25 @@ class LibvirtMachineSpec(K8sModel):
     migration_target: DNSLabel | None = None
     """Set by capl while a live migration moves the domain: the destination host. Not for
     users (refused in templates)."""
+    # hardware (capl.api.hardware)
+    cpu: CPU | None = None
+    """Guest CPU model/mode, topology, pinning (dedicatedCPUs) and NUMA cells."""
+    hugepages: Hugepages | None = None
+    """Back the guest memory with hugepages of this size."""
+    host_devices: list[HostDevice] | None = Field(
+        default=None, max_length=8, json_schema_extra=map_list("name")
+    )
+    """PCI devices of the host passed through, by address or vendor/product."""
+    mediated_devices: list[MediatedDevice] | None = Field(
+        default=None, max_length=8, json_schema_extra=map_list("name")
+    )
+    """Mediated devices (vGPU) of the host, by UUID or mdev type."""
+    tpm: TPM | None = None
+    """An emulated TPM 2.0 (swtpm on the host)."""
+    secure_boot: bool | None = None
+    """UEFI secure boot (OVMF with the secure-boot variables); needs firmware uefi."""
+    xml_patches: list[XMLPatch] | None = Field(default=None, max_length=32, alias="xmlPatches")
+    """Restricted changes of the generated domain XML (see capl.api.hardware.XMLPatch)."""
 
 
 # Transition rules of a LibvirtMachine's spec (not of templates: see the module docstring).

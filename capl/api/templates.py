@@ -94,8 +94,16 @@ def machine_template_status(spec: LibvirtMachineSpec) -> dict[str, Any]:
     """`status` of a LibvirtMachineTemplate whose `spec.template.spec` is `spec` (wire form):
     cpus 2 and memoryMiB 4096 give `capacity: {cpu: "2", memory: 4096Mi}` and
     `nodeInfo: {architecture: amd64, operatingSystem: linux}`."""
+    capacity = {"cpu": str(spec.cpus), "memory": f"{spec.memory_mib}Mi"}
+    counts: dict[str, int] = {}
+    for device in [*(spec.host_devices or ()), *(spec.mediated_devices or ())]:
+        if device.resource_name:  # extended resources: each device's resourceName, counted
+            counts[device.resource_name] = counts.get(device.resource_name, 0) + 1
+    if spec.hugepages is not None:  # as the kubelet names them: hugepages-2Mi
+        capacity[f"hugepages-{spec.hugepages.page_size}"] = f"{spec.memory_mib}Mi"
+    capacity.update({name: str(n) for name, n in sorted(counts.items())})
     return {
-        "capacity": {"cpu": str(spec.cpus), "memory": f"{spec.memory_mib}Mi"},
+        "capacity": capacity,
         "nodeInfo": {"architecture": ARCHITECTURE, "operatingSystem": OPERATING_SYSTEM},
     }
 

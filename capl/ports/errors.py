@@ -185,6 +185,13 @@ class InvalidSpec(VirtError):
     REASON = "InvalidSpec"
 
 
+class DeviceUnavailable(InvalidSpec):
+    """No free host device matches a machine's selector when its domain is defined (another
+    machine took the last one since placement); placement chooses again after a backoff."""
+
+    REASON = "HardwareUnavailable"
+
+
 class BootstrapDataError(InvalidSpec):
     """The bootstrap data is malformed (e.g. Ignition that is not JSON or lacks a version)."""
 

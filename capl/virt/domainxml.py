@@ -15,7 +15,9 @@ Choices baked into every domain (see libvirt-notes.md and testbed-facts.md for w
 - the QEMU guest agent channel, a virtio RNG (faster first boot), on_poweroff=destroy,
   on_reboot=restart, on_crash=restart;
 - UEFI either with an explicit loader/NVRAM template or ``<os firmware='efi'>``, which lets
-  libvirt pick OVMF from the host's firmware descriptors.
+  libvirt pick OVMF from the host's firmware descriptors;
+- the machine hardware (CPU, hugepages, host and mediated devices, TPM, secure boot) and the
+  XML patches: ``capl.virt.hardwarexml``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from capl.ports.virt import (
     NicSpec,
     VolumeFormat,
 )
+from capl.virt.hardwarexml import apply_hardware
 from capl.virt.pools import POOL_DRIVERS, PoolDriver, pool_driver
 from capl.virt.xmlutil import capl_tag, line, parse, serialize, sub, text
 
@@ -283,4 +286,5 @@ def build_domain_xml(spec: DomainSpec, *, drivers: Mapping[str, PoolDriver] = PO
     _os(root, spec)
     _platform(root, spec)
     _devices(root, spec, drivers)
+    apply_hardware(root, spec.hardware)  # CPU, devices, TPM, secure boot; XML patches last
     return serialize(root)

@@ -39,6 +39,7 @@ from capl.ports.virt import (
     DomainSpec,
     DomainState,
     GuestFile,
+    HostHardware,
     HostId,
     HostInfo,
     ImageSource,
@@ -53,7 +54,7 @@ from capl.ports.virt import (
     VolumeRef,
     VolumeTail,
 )
-from capl.virt import agent, download, network_hosts, storage
+from capl.virt import agent, download, hardware, network_hosts, storage
 from capl.virt import domain as domains
 from capl.virt import network as networks
 from capl.virt.connection import HostConnection
@@ -433,10 +434,22 @@ class LibvirtHost:
     # -- domains --------------------------------------------------------------------------
 
     async def define_domain(self, spec: DomainSpec, *, absent: bool = False) -> DomainInfo:
-        return await self._conn.run(
-            f"define domain {spec.name}",
-            lambda c: domains.define(c, self.host_id, spec, absent=absent),
-        )
+        if not spec.hardware.pci and not spec.hardware.mdevs:
+            return await self._conn.run(
+                f"define domain {spec.name}",
+                lambda c: domains.define(c, self.host_id, spec, absent=absent),
+            )
+
+        def op(c: Any) -> DomainInfo:
+            # choosing free devices and defining in one serial section per host: two
+            # machines never get one device
+            resolved = hardware.resolve(hardware.read(c, skip_uuid=spec.uuid), spec)
+            return domains.define(c, self.host_id, resolved, absent=absent)
+
+        return await self._serial("devices", "host", f"define domain {spec.name}", op)
+
+    async def hardware(self) -> HostHardware:
+        return await self._conn.run("read the host's hardware", lambda c: hardware.read(c))
 
     async def get_domain(self, uuid: str) -> DomainInfo | None:
         return await self._conn.run(

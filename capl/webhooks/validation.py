@@ -22,7 +22,9 @@ What is checked:
   CIDR is outside the DHCP range; the CIDR does not overlap, and a created network's name
   does not collide with, another LibvirtCluster's network on a shared host.
 - LibvirtMachine: the root volume is at least the image's virtual size (when known); MAC
-  addresses are unicast and unique; fixed IPs are unique.
+  addresses are unicast and unique; fixed IPs are unique; the hardware fields are
+  consistent (`capl.api.hardware.hardware_errors`: topology gives cpus, pinning and NUMA
+  cells cover the vCPUs, secure boot with UEFI, XML patches leave capl's elements alone).
 - Templates: `spec.template.spec` is immutable, except in the topology controller's dry
   runs (request.dryRun and the `topology.cluster.x-k8s.io/dry-run` annotation); machine
   templates must not carry per-machine identity (mac, ip, providerID, domainUUID) or a
@@ -47,6 +49,7 @@ from capl.api import (
     ObjectMeta,
 )
 from capl.api.defaults import gateway_address
+from capl.api.hardware import hardware_errors
 
 GIB = 1024**3
 
@@ -259,6 +262,18 @@ def _check_machine_spec(
             f"{prefix}.image.checksum: the image is downloaded over plain http and not"
             " verified; set a sha256 checksum"
         )
+    for path, message in hardware_errors(
+        cpus=spec.cpus,
+        memory_mib=spec.memory_mib,
+        firmware=spec.firmware,
+        cpu=spec.cpu,
+        hugepages=spec.hugepages,
+        host_devices=spec.host_devices,
+        mediated_devices=spec.mediated_devices,
+        secure_boot=spec.secure_boot,
+        xml_patches=spec.xml_patches,
+    ):
+        verdict.error(f"{prefix}.{path}", message)
     seen_macs: dict[str, int] = {}
     seen_ips: dict[str, int] = {}
     for i, nic in enumerate(spec.network_interfaces or []):
@@ -303,6 +318,23 @@ def _check_machine_spec(
             verdict.error(
                 f"{prefix}.migrationTarget",
                 "must not be set in a template: capl sets it on one machine while it migrates",
+            )
+        pinned = [
+            *(
+                f"hostDevices[{i}].pciAddress"
+                for i, d in enumerate(spec.host_devices or ())
+                if d.pci_address
+            ),
+            *(
+                f"mediatedDevices[{i}].uuid"
+                for i, d in enumerate(spec.mediated_devices or ())
+                if d.uuid
+            ),
+        ]
+        for path in pinned:
+            verdict.warnings.append(
+                f"{prefix}.{path}: names one device; only one machine of the template can"
+                " have it (select by vendor/product or mdev type instead)"
             )
 
 

@@ -276,3 +276,48 @@ async def test_controller_write_backs_pass_the_webhooks(webhooked: Webhooked) ->
         _content_type="application/merge-patch+json",
     )  # fmt: skip
     assert patched["spec"]["domainUUID"] == uuid
+
+
+async def test_bad_hardware_refused_at_admission_naming_the_field(webhooked: Webhooked) -> None:
+    """Machine hardware (issue 17): a topology that does not give cpus is refused by the
+    CRD's own rule; pinning, NUMA cells and XML patches that touch capl's elements by the
+    webhook; each message names the field. A consistent spec passes (dry run)."""
+    bad: list[tuple[dict[str, Any], str]] = [
+        (
+            {"cpus": 4, "cpu": {"topology": {"sockets": 2, "cores": 1, "threads": 1}}},
+            "spec.cpu.topology: Invalid value: cpu.topology: sockets x cores x"
+            " threads must equal cpus",
+        ),
+        (
+            {"xmlPatches": [{"op": "set", "path": "uuid", "value": "x"}]},
+            "spec.xmlPatches[0].path: element 'uuid' is owned by capl and cannot be patched",
+        ),
+        (
+            {"xmlPatches": [{"op": "add", "path": "devices", "xml": "<interface type='bridge'/>"}]},
+            "spec.xmlPatches[0].xml: element 'interface' is owned by capl and cannot be added",
+        ),
+        (
+            {"cpus": 2, "cpu": {"dedicatedCPUs": [3]}},
+            "spec.cpu.dedicatedCPUs: 1 host CPUs for 2 vCPUs: give one per vCPU",
+        ),
+        (
+            {"hostDevices": [{"name": "g", "pciAddress": "0000:65:00.0", "vendor": "0x10de"}]},
+            "hostDevices: set pciAddress, or vendor and product",
+        ),
+    ]
+    for spec, expected in bad:
+        with pytest.raises(ApiException) as info:
+            await webhooked.create(machine("hw", **spec), dry_run=True)
+        assert info.value.status == 422, spec
+        assert expected in message_of(info.value), message_of(info.value)
+    good = {
+        "cpus": 4,
+        "memoryMiB": 2048,
+        "cpu": {"mode": "host-model", "topology": {"sockets": 1, "cores": 2, "threads": 2}},
+        "hostDevices": [{"name": "g", "vendor": "0x10de", "product": "0x2236"}],
+        "tpm": {},
+        "xmlPatches": [{"op": "add", "path": "devices", "xml": "<watchdog model='itco'/>"}],
+    }
+    created = await webhooked.create(machine("hw", **good), dry_run=True)
+    assert created["spec"]["cpu"]["topology"] == {"sockets": 1, "cores": 2, "threads": 2}
+    assert created["spec"]["tpm"] == {"version": "2.0"}

@@ -21,7 +21,9 @@ Conditions left behind (DomainProvisioned, through `Problem`): `FailureDomainCon
 `HostNotFound` (a named host
 that is not in the spec or is in maintenance, or no usable host: none allows control-plane
 machines, or all that would are in maintenance), `Unreachable` (no host answers),
-`CredentialsInvalid`, `InternalError` (an unreadable LibvirtCluster layout).
+`CredentialsInvalid`, `InternalError` (an unreadable LibvirtCluster layout),
+`HardwareUnavailable` (no host, or not the pinned one, can give the machine its CPU model,
+pinned CPUs, NUMA cells, hugepages or devices: `placement_hardware`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from capl.controllers.machine.indexes import (
     host_index_value,
 )
 from capl.controllers.machine.options import LOGGER
+from capl.controllers.machine.placement_hardware import check_hardware
 from capl.controllers.machine.plan import Failure
 from capl.controllers.machine.plan_placement import (
     PLACEMENT_ANNOTATION,
@@ -113,7 +116,10 @@ async def place(scope: MachineScope) -> Target:
         refusal = None if created else pinned_refusal(entry)
         if refusal is not None:  # cordoned: only the machines created before stay there
             raise Problem(Failure(c.Reason.HOST_NOT_FOUND, refusal, False))
-        return target_of(scope.ctx, namespace, entry, lay, lcluster)
+        target = target_of(scope.ctx, namespace, entry, lay, lcluster)
+        if not created:
+            await check_hardware(scope, [target])
+        return target
     control_plane = c.CONTROL_PLANE_LABEL in (machine.metadata.labels or {}) or (
         c.CONTROL_PLANE_LABEL in (lm.metadata.labels or {})
     )
@@ -128,7 +134,7 @@ async def place(scope: MachineScope) -> Target:
             )
         )
     targets = [target_of(scope.ctx, namespace, entry, lay, lcluster) for entry in entries]
-    return await _choose(scope, targets)
+    return await _choose(scope, await check_hardware(scope, targets))
 
 
 async def _choose(scope: MachineScope, targets: list[Target]) -> Target:

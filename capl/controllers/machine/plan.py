@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 from capl.api import constants as c
 from capl.api.machine import LibvirtMachineSpec
+from capl.controllers.machine.plan_hardware import domain_hardware
 from capl.ports.bootstrap import validate_ignition
 from capl.ports.errors import (
     AddressConflict,
@@ -47,6 +48,7 @@ from capl.ports.errors import (
     BridgeNotFound,
     Busy,
     CredentialsError,
+    DeviceUnavailable,
     ForeignObjectError,
     HostUnreachable,
     ImageChecksumError,
@@ -374,6 +376,8 @@ def build_domain_spec(
         fw_cfg=fw_cfg,
         console_log=console_log,
         cpu_mode="host-passthrough" if domain_type == "kvm" else None,
+        hardware=domain_hardware(spec),
+        machine="q35" if spec.secure_boot else None,  # secure boot needs SMM: q35
     )
 
 
@@ -411,6 +415,7 @@ _REASONS: tuple[tuple[type[Exception], str, bool], ...] = (
     (AddressExhausted, c.Reason.NETWORK_CONFLICT, True),
     (BridgeNotFound, c.Reason.BRIDGE_NOT_FOUND, True),
     (BootstrapDataError, c.Reason.BOOTSTRAP_DATA_INVALID, False),
+    (DeviceUnavailable, c.Reason.HARDWARE_UNAVAILABLE, True),
     (InvalidSpec, c.Reason.DOMAIN_ERROR, False),
     (Unsupported, c.Reason.DOMAIN_ERROR, False),
     (OperationInvalid, c.Reason.DOMAIN_ERROR, True),

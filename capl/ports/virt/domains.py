@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from capl.ports.virt.hardware import DomainHardware
 from capl.ports.virt.identity import DomainOwner, HostId
 from capl.ports.virt.storage import DIR_POOL, VolumeFormat
 
@@ -108,6 +109,8 @@ class DomainSpec:
     cpu_mode: str | None = None
     """"host-passthrough", "host-model", "maximum"; None: libvirt's default for the type."""
     smbios_product: str = "capl"
+    hardware: DomainHardware = field(default_factory=DomainHardware)
+    """CPU model/topology/pinning/NUMA, hugepages, devices, TPM, secure boot, XML patches."""
 
 
 class DomainState(enum.StrEnum):

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from capl.ports.virt.domains import HostDomains
 from capl.ports.virt.events import Subscription, VirtEventListener
+from capl.ports.virt.hardware import HostHardwarePart
 from capl.ports.virt.identity import HostId
 from capl.ports.virt.networks import HostNetworks
 from capl.ports.virt.storage import HostStorage
@@ -52,7 +53,7 @@ class HostInfo:
     """Firmware paths the domain capabilities list (empty when not reported)."""
 
 
-class Host(HostStorage, HostNetworks, HostDomains, Protocol):
+class Host(HostStorage, HostNetworks, HostDomains, HostHardwarePart, Protocol):
     """One KVM host. Coroutine methods; typed errors; not-found on delete is success."""
 
     @property

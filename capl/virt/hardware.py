@@ -1,0 +1,212 @@
+"""The host's hardware as machines need it (blocking; runs in worker threads).
+
+- ``read``: NUMA cells with their CPUs and free hugepages (capabilities, and
+  ``virNodeGetFreePages`` where the driver has it), the CPU models usable in custom mode
+  (domain capabilities; None when the driver has none), the PCI devices and mediated
+  devices (node devices, ``pci`` and ``mdev`` capabilities), and which of them domains
+  defined on the host use (their ``<hostdev>`` elements, every domain, not only capl's).
+- ``resolve``: the ``DomainSpec`` with every device selector bound to one free device;
+  ``DeviceUnavailable`` (nothing defined) when the host has none free. The caller runs it and the
+  definition in one serial section per host (``LibvirtHost.define_domain``), so two
+  machines never get one device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import libvirt
+
+from capl.ports.errors import DeviceUnavailable
+from capl.ports.virt import (
+    DomainSpec,
+    HostCell,
+    HostHardware,
+    HostMdev,
+    HostPci,
+    MdevSelector,
+    PciSelector,
+)
+from capl.virt.errors import is_unsupported_flags
+from capl.virt.xmlutil import parse
+
+__all__ = ["parse_node_device", "parse_topology", "read", "resolve", "used_devices"]
+
+
+def parse_topology(caps: str) -> tuple[HostCell, ...]:
+    """NUMA cells of a capabilities document, with the pages each cell reports."""
+    cells = []
+    for cell in parse(caps).findall("host/topology/cells/cell"):
+        pages = {
+            int(p.get("size", "0")): int(p.text or 0)
+            for p in cell.findall("pages")
+            if p.get("unit", "KiB") == "KiB"
+        }
+        memory = cell.find("memory")
+        cells.append(
+            HostCell(
+                id=int(cell.get("id", "0")),
+                cpus=tuple(int(c.get("id", "0")) for c in cell.findall("cpus/cpu")),
+                memory_kib=int(memory.text or 0) if memory is not None else 0,
+                free_pages=pages,
+            )
+        )
+    return tuple(cells)
+
+
+def _hex4(text: str | None) -> str:
+    return f"0x{int(text or '0', 0):04x}"
+
+
+def parse_node_device(document: str) -> HostPci | HostMdev | None:
+    """A PCI device or a mediated device from its node device XML (None: another kind)."""
+    root = parse(document)
+    pci = root.find("capability[@type='pci']")
+    if pci is not None:
+        address = "{:04x}:{:02x}:{:02x}.{:x}".format(
+            *(int(pci.findtext(k) or "0", 0) for k in ("domain", "bus", "slot", "function"))
+        )
+        vendor, product = pci.find("vendor"), pci.find("product")
+        return HostPci(
+            address=address,
+            vendor=_hex4(vendor.get("id") if vendor is not None else None),
+            product=_hex4(product.get("id") if product is not None else None),
+            name=root.findtext("name") or "",
+        )
+    mdev = root.find("capability[@type='mdev']")
+    if mdev is not None:
+        type_ = mdev.find("type")
+        uuid = mdev.findtext("uuid") or (root.findtext("name") or "").removeprefix("mdev_")
+        return HostMdev(
+            uuid=uuid.replace("_", "-").lower(),
+            type=type_.get("id", "") if type_ is not None else "",
+            parent=root.findtext("parent") or "",
+        )
+    return None
+
+
+def used_devices(document: str) -> tuple[set[str], set[str]]:
+    """PCI addresses and mdev UUIDs a domain's XML gives to the guest."""
+    pci: set[str] = set()
+    mdevs: set[str] = set()
+    for hostdev in parse(document).findall("devices/hostdev"):
+        address = hostdev.find("source/address")
+        if address is None:
+            continue
+        if hostdev.get("type") == "pci":
+            pci.add(
+                "{:04x}:{:02x}:{:02x}.{:x}".format(
+                    *(int(address.get(k, "0"), 0) for k in ("domain", "bus", "slot", "function"))
+                )
+            )
+        elif hostdev.get("type") == "mdev" and address.get("uuid"):
+            mdevs.add(address.get("uuid", "").lower())
+    return pci, mdevs
+
+
+def _cpu_models(c: Any, caps: str) -> tuple[str, ...] | None:
+    root = parse(caps)
+    arch = root.findtext("host/cpu/arch")
+    try:
+        document = c.getDomainCapabilities(None, arch, None, None, 0)
+    except libvirt.libvirtError as exc:
+        if is_unsupported_flags(exc) or exc.get_error_code() in (
+            libvirt.VIR_ERR_NO_SUPPORT,
+            libvirt.VIR_ERR_INVALID_ARG,
+            libvirt.VIR_ERR_INTERNAL_ERROR,
+        ):
+            return None
+        raise
+    custom = parse(document).find("cpu/mode[@name='custom']")
+    if custom is None:
+        return None
+    return tuple(m.text or "" for m in custom.findall("model") if m.get("usable") != "no")
+
+
+def _free_pages(c: Any, cells: tuple[HostCell, ...]) -> tuple[HostCell, ...]:
+    """The cells with their *free* page counts where the driver reports them."""
+    sizes = sorted({size for cell in cells for size in cell.free_pages})
+    if not cells or not sizes:
+        return cells
+    try:
+        free = c.getFreePages(sizes, cells[0].id, len(cells), 0)
+    except libvirt.libvirtError:
+        return cells  # driver without it: the capabilities' counts
+    return tuple(
+        dataclasses.replace(
+            cell, free_pages={int(k): int(v) for k, v in free.get(cell.id, {}).items()}
+        )
+        if cell.id in free
+        else cell
+        for cell in cells
+    )
+
+
+def read(c: Any, *, skip_uuid: str | None = None) -> HostHardware:
+    """The host's hardware; ``skip_uuid``: a domain whose devices do not count as used (the
+    one being defined again)."""
+    caps = c.getCapabilities()
+    cells = _free_pages(c, parse_topology(caps))
+    pci: list[HostPci] = []
+    mdevs: list[HostMdev] = []
+    for name in c.listDevices(None, 0):
+        try:
+            device = parse_node_device(c.nodeDeviceLookupByName(name).XMLDesc(0))
+        except libvirt.libvirtError:
+            continue  # gone meanwhile
+        if isinstance(device, HostPci):
+            pci.append(device)
+        elif isinstance(device, HostMdev):
+            mdevs.append(device)
+    used_pci: set[str] = set()
+    used_mdevs: set[str] = set()
+    uuids: set[str] = set()
+    for domain in c.listAllDomains(0):
+        uuids.add(domain.UUIDString().lower())
+        if skip_uuid is not None and domain.UUIDString().lower() == skip_uuid.lower():
+            continue
+        try:
+            p, m = used_devices(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+        except libvirt.libvirtError:
+            continue
+        used_pci |= p
+        used_mdevs |= m
+    return HostHardware(
+        cells=cells,
+        cpu_models=_cpu_models(c, caps),
+        pci=tuple(pci),
+        mdevs=tuple(mdevs),
+        used_pci=frozenset(used_pci),
+        used_mdevs=frozenset(used_mdevs),
+        domain_uuids=frozenset(uuids),
+    )
+
+
+def resolve(hw: HostHardware, spec: DomainSpec) -> DomainSpec:
+    """``spec`` with each device selector bound to a free device of the host."""
+    want = spec.hardware
+    if not want.pci and not want.mdevs:
+        return spec
+    taken = set(hw.used_pci)
+    pci: list[PciSelector] = []
+    for selector in want.pci:
+        device = next((d for d in hw.pci if selector.matches(d) and d.address not in taken), None)
+        if device is None:
+            raise DeviceUnavailable(
+                f"host device {selector.name}: no free PCI device {selector.describe()} on the host"
+            )
+        taken.add(device.address)
+        pci.append(dataclasses.replace(selector, address=device.address))
+    taken_mdevs = set(hw.used_mdevs)
+    mdevs: list[MdevSelector] = []
+    for wanted in want.mdevs:
+        mdev = next((d for d in hw.mdevs if wanted.matches(d) and d.uuid not in taken_mdevs), None)
+        if mdev is None:
+            raise DeviceUnavailable(
+                f"mediated device {wanted.name}: no free {wanted.describe()} on the host"
+            )
+        taken_mdevs.add(mdev.uuid)
+        mdevs.append(dataclasses.replace(wanted, uuid=mdev.uuid))
+    hardware = dataclasses.replace(want, pci=tuple(pci), mdevs=tuple(mdevs))
+    return dataclasses.replace(spec, hardware=hardware)
