@@ -97,7 +97,7 @@ class _Layer:
     base_format: str
 
 
-def _snapshot_disks(c: Any, snapshot_xml: ET.Element) -> list[_Layer]:
+def _snapshot_disks(snapshot_xml: ET.Element) -> list[_Layer]:
     """The external disks of a snapshot with their base images (from its ``<domain>``)."""
     bases: dict[str, tuple[str, str]] = {}
     for disk in snapshot_xml.findall("domain/devices/disk"):
@@ -111,11 +111,11 @@ def _snapshot_disks(c: Any, snapshot_xml: ET.Element) -> list[_Layer]:
         source = disk.find("source")
         if disk.get("snapshot") != "external" or source is None or not source.get("file"):
             continue
-        target = str(disk.get("name"))
-        if target not in bases:
-            raise OperationInvalid(f"snapshot disk {target} has no base image in its definition")
-        base, fmt = bases[target]
-        layers.append(_Layer(target, str(source.get("file")), base, fmt))
+        dev = str(disk.get("name"))
+        if dev not in bases:
+            raise OperationInvalid(f"snapshot disk {dev} has no base image in its definition")
+        base, fmt = bases[dev]
+        layers.append(_Layer(dev, str(source.get("file")), base, fmt))
     return layers
 
 
@@ -332,7 +332,7 @@ class LibvirtSnapshots:
             snapshot = _snapshot(domain, name, uuid, host_id)
             document = snapshot.getXMLDesc(0)
             root = parse(document)
-            layers = _snapshot_disks(c, root)
+            layers = _snapshot_disks(root)
             if not layers:  # an internal snapshot (not capl's): libvirt reverts those
                 domain.revertToSnapshot(snapshot, 0)
                 return _info(snapshot)
@@ -372,7 +372,7 @@ def _revert_external(
     stale: list[str] = []
     for child in snapshot.listAllChildren(libvirt.VIR_DOMAIN_SNAPSHOT_LIST_DESCENDANTS):
         child_root = parse(child.getXMLDesc(0))
-        stale += [layer.overlay for layer in _snapshot_disks(c, child_root)]
+        stale += [layer.overlay for layer in _snapshot_disks(child_root)]
         memory = _memory_file(child_root)
         if memory:
             stale.append(memory)
@@ -387,9 +387,7 @@ def _revert_external(
             domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE), layers
         )
     )
-    flags = (
-        libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_REDEFINE | libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_CURRENT
-    )
+    flags = libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_REDEFINE | libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_CURRENT
     domain.snapshotCreateXML(document, flags)
     keep = {layer.overlay for layer in layers}
     for path in stale:

@@ -374,6 +374,7 @@ def build_domain_spec(
         fw_cfg=fw_cfg,
         console_log=console_log,
         cpu_mode="host-passthrough" if domain_type == "kvm" else None,
+        vnc=spec.vnc,
     )
 
 

@@ -108,6 +108,9 @@ class DomainSpec:
     cpu_mode: str | None = None
     """"host-passthrough", "host-model", "maximum"; None: libvirt's default for the type."""
     smbios_product: str = "capl"
+    vnc: bool = False
+    """A VNC display listening only on a unix socket in libvirt's per-domain directory on the
+    host (no TCP port, no password: reaching it needs access to libvirt; ``capl vnc``)."""
 
 
 class DomainState(enum.StrEnum):
