@@ -48,13 +48,19 @@ def register(sub: Any) -> None:
         ),
     )
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    for action, text in (
-        ("create", "take a snapshot (disk-only; --memory: with RAM)"),
-        ("list", "list the snapshots, oldest first"),
-        ("revert", "go back to a snapshot"),
-        ("delete", "merge a snapshot into the disk below it and forget it"),
+    for action, text, example in (
+        ("create", "take a snapshot (disk-only; --memory: with RAM)", "worker-0 before-upgrade"),
+        ("list", "list the snapshots, oldest first", "worker-0 -n default"),
+        ("revert", "go back to a snapshot", "worker-0 before-upgrade --no-start"),
+        ("delete", "merge a snapshot into the disk below it and forget it", "worker-0 s1"),
     ):
-        a = actions.add_parser(action, help=text, formatter_class=formatter)
+        a = actions.add_parser(
+            action,
+            help=text,
+            description=text[:1].upper() + text[1:] + ".",
+            formatter_class=formatter,
+            epilog=f"examples:\n  capl snapshot {action} {example}",
+        )
         a.add_argument("machine", metavar="MACHINE", help="LibvirtMachine or Machine name")
         if action != "list":
             a.add_argument("name", metavar="NAME", help="snapshot name")
