@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import libvirt
 
 from capl.ports.errors import AlreadyExists, DomainNotFound, InvalidSpec, OperationInvalid
-from capl.ports.virt import HostId
+from capl.ports.virt import Host, HostId
 from capl.ports.virt.snapshots import (
     SnapshotInfo,
     SnapshotKind,
@@ -58,7 +58,7 @@ from capl.virt.host import LibvirtHost
 from capl.virt.support import lookup
 from capl.virt.xmlutil import parse, serialize, sub
 
-__all__ = ["LibvirtSnapshots", "snapshot_info_of"]
+__all__ = ["LibvirtSnapshots", "snapshot_info_of", "snapshots_of"]
 
 
 def snapshot_info_of(document: str, *, current: bool) -> SnapshotInfo:
@@ -406,8 +406,18 @@ def _revert_external(
         domain.create()
 
 
+def snapshots_of(host: Host) -> LibvirtSnapshots:
+    """The ``SnapshotsOf`` the manager injects into a controller: snapshots of a ``Host``
+    from ``LibvirtHosts`` (TypeError for any other implementation)."""
+    if not isinstance(host, LibvirtHost):
+        raise TypeError(f"snapshots need a LibvirtHost, got {type(host).__name__}")
+    return LibvirtSnapshots(host)
+
+
 if TYPE_CHECKING:
-    from capl.ports.virt.snapshots import Snapshots
+    from capl.ports.virt.snapshots import Snapshots, SnapshotsOf
+
+    _factory: SnapshotsOf = snapshots_of
 
     def _implements_the_port(snapshots: LibvirtSnapshots) -> Snapshots:
         """mypy checks here that the adapter satisfies the port's Protocol."""

@@ -22,18 +22,22 @@ import contextlib
 import datetime
 import enum
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from capl.ports.errors import InvalidSpec, NotFound
 from capl.ports.virt.identity import HostId
+
+if TYPE_CHECKING:
+    from capl.ports.virt.hosts import Host
 
 __all__ = [
     "SnapshotInfo",
     "SnapshotKind",
     "SnapshotNotFound",
     "Snapshots",
+    "SnapshotsOf",
     "check_snapshot_name",
     "snapshot_guard",
 ]
@@ -108,6 +112,11 @@ class Snapshots(Protocol):
         """Merge ``name``'s overlay into the image below it and forget it; False when there
         was no such snapshot. Raises DomainNotFound."""
         ...
+
+
+SnapshotsOf: TypeAlias = "Callable[[Host], Snapshots]"
+"""How a controller gets the snapshots of a host it holds: the manager injects
+``capl.virt.snapshot.snapshots_of``; tests may inject a fake."""
 
 
 @contextlib.asynccontextmanager
