@@ -48,6 +48,7 @@ pytestmark = [pytest.mark.libvirtd, pytest.mark.apiserver]
 CAPL = str(Path(sys.executable).with_name("capl"))
 BOOT_TIMEOUT = 300  # a TCG boot takes ~10-30 s; far longer when the 2 cores are shared
 CLI_TIMEOUT = 120
+GUEST_MIB = 128  # what a memory snapshot saves and a revert restores: keep it small
 VNC_XML = "<graphics type='vnc'><listen type='socket'/></graphics>"
 # the last 4 KiB of the guest's disk: outside what the FAT boot files use
 LAST_SECTORS = "S=$(( $(cat /sys/block/vda/size) - 8 ))"
@@ -65,7 +66,12 @@ def vnc_guest(
         disk = bed.overlay(f"{name}-root.qcow2", guest_image)
         serial_log = bed.workdir / f"{name}-serial.log"
         xml = guest_domain_xml(
-            name=name, disk=str(disk), network=bed.name, mac=mac, serial_log=str(serial_log)
+            name=name,
+            disk=str(disk),
+            network=bed.name,
+            mac=mac,
+            serial_log=str(serial_log),
+            memory_mib=GUEST_MIB,
         ).replace("<memballoon", VNC_XML + "<memballoon")
         domain = bed.define_domain(xml)
         domain.create()
@@ -272,7 +278,7 @@ async def test_snapshot_revert_discards_what_was_written_after_it(
 
     t0 = time.monotonic()
     await ok("snapshot", "create", "snap-0", "live", "--memory", *args)
-    record_timing("capl snapshot create --memory (256 MiB guest)", time.monotonic() - t0)
+    record_timing(f"capl snapshot create --memory ({GUEST_MIB} MiB guest)", time.monotonic() - t0)
     token = secrets.token_hex(4)
     await asyncio.to_thread(_write_after, vnc_guest, token)
     rows = [line.split() for line in (await ok("snapshot", "list", "snap-0", *args)).splitlines()]

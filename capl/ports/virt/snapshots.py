@@ -12,6 +12,11 @@ snapshots included); ``delete`` merges a snapshot's overlay into the image below
 block commit: nothing written is lost) and removes it. How revert works on libvirt 9.0,
 which cannot revert external snapshots itself, is in ``capl.virt.snapshot``.
 
+A revert restores the disks (and, for a memory snapshot, the RAM and the running
+configuration saved with it); the domain's persistent definition stays as it is now
+(libvirt 9.0 snapshots record only the live definition): a change to the definition (vCPUs,
+memory, hot-plugged devices) is undone by whoever made it.
+
 ``snapshot_guard`` is the library form for a change that must not leave a broken machine
 behind (the day-2 in-place update): snapshot, change, and revert if the change fails.
 """
