@@ -6,7 +6,8 @@ The guest is the test bed's guest with a VNC display on a unix socket only
 LibvirtCluster/LibvirtMachine objects are made by hand and point at it (no manager runs).
 
 - VNC: the port `capl vnc` prints answers the RFB handshake, and the ServerInit names this
-  guest's QEMU (so the bytes come from its display); QEMU listens on no TCP port.
+  guest's QEMU (so the bytes come from its display); QEMU listens on no TCP port. The same
+  through a qemu+ssh:// host (``ssh -L`` to the display's socket, the Secret's key).
 - Snapshots: what the guest writes after a memory snapshot (a file in its RAM-backed root, a
   marker on its disk) is gone after `capl snapshot revert`, which resumes the guest without
   a boot; ``snapshot_guard`` (the day-2 library form, disk-only) keeps a change that works
@@ -17,6 +18,7 @@ LibvirtCluster/LibvirtMachine objects are made by hand and point at it (no manag
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import re
 import secrets
@@ -41,9 +43,13 @@ from capl.testing.objects import random_mac
 from capl.virt import LibvirtHost
 from capl.virt.snapshot import LibvirtSnapshots
 from tests.fixtures.libvirt import Guest, LibvirtBed, guest_domain_xml, record_timing
+from tests.fixtures.transports import SshServer, ssh_server
 from tests.libvirtd.test_console_cli import create_objects
 
+__all__ = ["ssh_server"]  # the session fixture, registered by this import
+
 pytestmark = [pytest.mark.libvirtd, pytest.mark.apiserver]
+GROUP, VERSION = "infrastructure.cluster.x-k8s.io", "v1alpha1"
 
 CAPL = str(Path(sys.executable).with_name("capl"))
 BOOT_TIMEOUT = 300  # a TCG boot takes ~10-30 s; far longer when the 2 cores are shared
@@ -142,11 +148,13 @@ def machine_args(namespace: str, kubeconfig: Path) -> list[str]:
     return ["-n", namespace, "--kubeconfig", str(kubeconfig)]
 
 
-def _vnc_session(guest: Guest, namespace: str, kubeconfig: Path) -> float:
+def _vnc_session(
+    guest: Guest, namespace: str, kubeconfig: Path, *, machine: str = "vnc-0", host: str = "local"
+) -> float:
     """`capl vnc` as a user runs it: read the port, connect twice, stop it with SIGTERM."""
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [CAPL, "vnc", "vnc-0", *machine_args(namespace, kubeconfig)],
+        [CAPL, "vnc", machine, *machine_args(namespace, kubeconfig)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -157,10 +165,10 @@ def _vnc_session(guest: Guest, namespace: str, kubeconfig: Path) -> float:
         assert ready, "capl vnc printed no address in 60 s"
         line = proc.stdout.readline().decode()
         found = re.fullmatch(
-            r"VNC of (\S+) \(domain (\S+) on local\) at 127\.0\.0\.1:(\d+)\n", line
+            rf"VNC of (\S+) \(domain (\S+) on {host}\) at 127\.0\.0\.1:(\d+)\n", line
         )
         assert found, line
-        assert found.group(1) == f"{namespace}/vnc-0"
+        assert found.group(1) == f"{namespace}/{machine}"
         assert found.group(2) == guest.uuid
         port = int(found.group(3))
         version, name = rfb_server_init(port)
@@ -203,6 +211,57 @@ async def test_vnc_serves_the_guest_display_on_a_loopback_port(
 
     timings = await asyncio.to_thread(_vnc_session, vnc_guest, namespace, kubeconfig)
     record_timing("capl vnc: start to ServerInit", timings)
+
+
+async def test_vnc_through_ssh_to_a_remote_host(
+    vnc_guest: Guest,
+    ssh_server: SshServer,
+    api_client: client.ApiClient,
+    namespace: str,
+    kubeconfig: Path,
+) -> None:
+    """The host as a qemu+ssh:// URI with a credentials Secret (a private sshd on loopback
+    that allows no TCP forwarding): `capl vnc` forwards to the display's unix socket."""
+    secret = {k: base64.b64encode(v).decode() for k, v in ssh_server.credentials().items()}
+    await client.CoreV1Api(api_client).create_namespaced_secret(
+        namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="kvm-ssh"), data=secret)
+    )
+    objs = client.CustomObjectsApi(api_client)
+    labels = {"cluster.x-k8s.io/cluster-name": "remote"}
+    host = {"name": "remote", "uri": ssh_server.uri(), "credentialsRef": {"name": "kvm-ssh"}}
+    await objs.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "libvirtclusters",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "LibvirtCluster",
+            "metadata": {"name": "remote", "labels": labels},
+            "spec": {"hosts": [host], "network": {"name": vnc_guest.bed.name}},
+        },
+    )
+    await objs.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "libvirtmachines",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "LibvirtMachine",
+            "metadata": {"name": "vnc-ssh", "labels": labels},
+            "spec": {
+                "image": {"volume": "base.qcow2"},
+                "hostName": "remote",
+                "domainUUID": vnc_guest.uuid,
+                "providerID": f"libvirt:///{vnc_guest.uuid}",
+            },
+        },
+    )
+    seconds = await asyncio.to_thread(
+        _vnc_session, vnc_guest, namespace, kubeconfig, machine="vnc-ssh", host="remote"
+    )
+    record_timing("capl vnc over qemu+ssh: start to ServerInit", seconds)
 
 
 async def test_vnc_bad_input(
