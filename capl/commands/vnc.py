@@ -215,21 +215,44 @@ async def _ssh_forward(
 
 
 async def _wait_listening(address: str, port: int, proc: asyncio.subprocess.Process) -> None:
-    deadline = asyncio.get_running_loop().time() + _SSH_READY_TIMEOUT
+    """Until the forwarded port answers with the display's RFB greeting; a clear error when
+    ssh exits or its server refuses the forward (sshd's ``AllowTcpForwarding no`` also
+    denies forwards to unix sockets)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _SSH_READY_TIMEOUT
     while True:
-        if proc.returncode is not None or asyncio.get_running_loop().time() > deadline:
-            err = b""
-            if proc.stderr is not None and proc.returncode is not None:
-                err = await proc.stderr.read()
+        if proc.returncode is not None or loop.time() > deadline:
             raise CliError(
                 "the ssh tunnel to the VNC display did not come up: "
-                + (" ".join(err.decode(errors="replace").split()) or "no answer in time")
+                + (await _ssh_errors(proc) or "no answer in time")
             )
         try:
-            _, writer = await asyncio.open_connection(address, port)
+            reader, writer = await asyncio.open_connection(address, port)
         except OSError:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), 0.2)
             continue
-        writer.close()
-        return
+        try:
+            greeting = await asyncio.wait_for(reader.read(12), _SSH_READY_TIMEOUT)
+        except (TimeoutError, OSError):
+            greeting = b""
+        finally:
+            writer.close()
+        if greeting.startswith(b"RFB "):
+            return
+        raise CliError(
+            "the host's ssh server did not forward to the VNC display's socket (sshd must "
+            "allow forwarding: AllowTcpForwarding yes or local, the OpenSSH default): "
+            + (await _ssh_errors(proc) or "the connection closed")
+        )
+
+
+async def _ssh_errors(proc: asyncio.subprocess.Process) -> str:
+    """What ssh said on stderr so far (one line)."""
+    if proc.stderr is None:
+        return ""
+    try:
+        data = await asyncio.wait_for(proc.stderr.read(4096), 2)
+    except TimeoutError:
+        return ""
+    return " ".join(data.decode(errors="replace").split())

@@ -39,11 +39,20 @@ import pytest
 from kubernetes_asyncio import client
 
 from capl.ports.virt.snapshots import SnapshotKind, snapshot_guard
+from capl.testbed.process import ManagedProcess
+from capl.testbed.sshd import sshd_config
 from capl.testing.objects import random_mac
 from capl.virt import LibvirtHost
 from capl.virt.snapshot import LibvirtSnapshots
 from tests.fixtures.libvirt import Guest, LibvirtBed, guest_domain_xml, record_timing
-from tests.fixtures.transports import SshServer, ssh_server
+from tests.fixtures.transports import (
+    LOOPBACK,
+    SSHD,
+    SshServer,
+    generate_ssh_key,
+    ssh_server,
+    start_listening,
+)
 from tests.libvirtd.test_console_cli import create_objects
 
 __all__ = ["ssh_server"]  # the session fixture, registered by this import
@@ -213,22 +222,56 @@ async def test_vnc_serves_the_guest_display_on_a_loopback_port(
     record_timing("capl vnc: start to ServerInit", timings)
 
 
-async def test_vnc_through_ssh_to_a_remote_host(
-    vnc_guest: Guest,
-    ssh_server: SshServer,
-    api_client: client.ApiClient,
-    namespace: str,
-    kubeconfig: Path,
+@pytest.fixture(scope="module")
+def forwarding_sshd(
+    ssh_server: SshServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SshServer]:
+    """A private sshd on loopback like `ssh_server` (which checks OpenSSH is there and makes
+    /run/sshd), but with OpenSSH's default of allowing forwards (``AllowTcpForwarding
+    local``: a forward to a unix socket needs it)."""
+    workdir = tmp_path_factory.mktemp("sshd")
+    client_key, client_public = generate_ssh_key(workdir, "client_key")
+    (workdir / "authorized_keys").write_text(client_public + "\n")
+    _, host_public = generate_ssh_key(workdir, "host_key")
+
+    def sshd(ports: list[int]) -> ManagedProcess:
+        config = sshd_config(
+            listen=f"{LOOPBACK}:{ports[0]}",
+            host_key=workdir / "host_key",
+            authorized_keys=workdir / "authorized_keys",
+            pid_file=workdir / "sshd.pid",
+        ).replace(b"AllowTcpForwarding no", b"AllowTcpForwarding local")
+        (workdir / "sshd_config").write_bytes(config)
+        return ManagedProcess(
+            name="sshd-forwarding",
+            argv=[str(SSHD), "-D", "-e", "-f", str(workdir / "sshd_config")],
+            log_path=workdir / "sshd.log",
+        )
+
+    process, (port,) = start_listening(sshd, ports=1, what="sshd")
+    try:
+        yield SshServer(
+            port=port,
+            host_key_line=f"[{LOOPBACK}]:{port} {host_public}",
+            client_key=client_key,
+            process=process,
+        )
+    finally:
+        process.stop_sync(grace=5)
+
+
+async def _ssh_machine(
+    api_client: client.ApiClient, namespace: str, guest: Guest, server: SshServer, name: str
 ) -> None:
-    """The host as a qemu+ssh:// URI with a credentials Secret (a private sshd on loopback
-    that allows no TCP forwarding): `capl vnc` forwards to the display's unix socket."""
-    secret = {k: base64.b64encode(v).decode() for k, v in ssh_server.credentials().items()}
+    """A LibvirtCluster whose host is `server`'s qemu+ssh:// URI with a credentials Secret,
+    and a LibvirtMachine `name` on it pointing at `guest`."""
+    secret = {k: base64.b64encode(v).decode() for k, v in server.credentials().items()}
     await client.CoreV1Api(api_client).create_namespaced_secret(
-        namespace, client.V1Secret(metadata=client.V1ObjectMeta(name="kvm-ssh"), data=secret)
+        namespace, client.V1Secret(metadata=client.V1ObjectMeta(name=f"{name}-ssh"), data=secret)
     )
     objs = client.CustomObjectsApi(api_client)
-    labels = {"cluster.x-k8s.io/cluster-name": "remote"}
-    host = {"name": "remote", "uri": ssh_server.uri(), "credentialsRef": {"name": "kvm-ssh"}}
+    labels = {"cluster.x-k8s.io/cluster-name": f"{name}-cluster"}
+    host = {"name": "remote", "uri": server.uri(), "credentialsRef": {"name": f"{name}-ssh"}}
     await objs.create_namespaced_custom_object(
         GROUP,
         VERSION,
@@ -237,8 +280,8 @@ async def test_vnc_through_ssh_to_a_remote_host(
         {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "LibvirtCluster",
-            "metadata": {"name": "remote", "labels": labels},
-            "spec": {"hosts": [host], "network": {"name": vnc_guest.bed.name}},
+            "metadata": {"name": f"{name}-cluster", "labels": labels},
+            "spec": {"hosts": [host], "network": {"name": guest.bed.name}},
         },
     )
     await objs.create_namespaced_custom_object(
@@ -249,19 +292,37 @@ async def test_vnc_through_ssh_to_a_remote_host(
         {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "LibvirtMachine",
-            "metadata": {"name": "vnc-ssh", "labels": labels},
+            "metadata": {"name": name, "labels": labels},
             "spec": {
                 "image": {"volume": "base.qcow2"},
                 "hostName": "remote",
-                "domainUUID": vnc_guest.uuid,
-                "providerID": f"libvirt:///{vnc_guest.uuid}",
+                "domainUUID": guest.uuid,
+                "providerID": f"libvirt:///{guest.uuid}",
             },
         },
     )
+
+
+async def test_vnc_through_ssh_to_a_remote_host(
+    vnc_guest: Guest,
+    forwarding_sshd: SshServer,
+    ssh_server: SshServer,
+    api_client: client.ApiClient,
+    namespace: str,
+    kubeconfig: Path,
+) -> None:
+    """`capl vnc` on a qemu+ssh:// host: ``ssh -L`` to the display's unix socket."""
+    await _ssh_machine(api_client, namespace, vnc_guest, forwarding_sshd, "vnc-ssh")
     seconds = await asyncio.to_thread(
         _vnc_session, vnc_guest, namespace, kubeconfig, machine="vnc-ssh", host="remote"
     )
     record_timing("capl vnc over qemu+ssh: start to ServerInit", seconds)
+
+    # an sshd that allows no forwarding: refused with the cause, nothing left running
+    await _ssh_machine(api_client, namespace, vnc_guest, ssh_server, "vnc-strict")
+    code, _, err = await capl("vnc", "vnc-strict", *machine_args(namespace, kubeconfig))
+    assert code == 1, err
+    assert "did not forward to the VNC display's socket (sshd must allow forwarding" in err
 
 
 async def test_vnc_bad_input(
