@@ -8,7 +8,10 @@ joined to the domain's VNC display:
   (``capl.virt.graphics``): libvirtd hands QEMU one end of a socket pair; the display's unix
   socket is never opened by capl and no TCP port is opened on the host;
 - remote host over ssh: ``ssh -N -L 127.0.0.1:PORT:<display socket>`` with the host's
-  credentials (the key and ``known_hosts`` of its Secret, as the manager's connection).
+  credentials (the key and ``known_hosts`` of its Secret, as the manager's connection);
+  the host's sshd must allow forwarding (``AllowTcpForwarding yes`` or ``local``, the
+  OpenSSH default: it governs forwards to unix sockets too). The tunnel counts as up once
+  the port answers with the display's RFB greeting.
 
 The display is a unix socket only (LibvirtMachine ``spec.vnc: true``), without a password:
 whoever may use libvirt on the host may see it, as with `virsh`. The command prints
