@@ -61,7 +61,7 @@ pytestmark = [pytest.mark.libvirtd, pytest.mark.apiserver]
 GROUP, VERSION = "infrastructure.cluster.x-k8s.io", "v1alpha1"
 
 CAPL = str(Path(sys.executable).with_name("capl"))
-BOOT_TIMEOUT = 300  # a TCG boot takes ~10-30 s; far longer when the 2 cores are shared
+BOOT_TIMEOUT = 420  # a TCG boot takes ~10-30 s; 300 s was seen with the 2 cores shared
 CLI_TIMEOUT = 120
 GUEST_MIB = 128  # what a memory snapshot saves and a revert restores: keep it small
 VNC_XML = "<graphics type='vnc'><listen type='socket'/></graphics>"
