@@ -211,6 +211,9 @@ class LibvirtMachineSpec(K8sModel):
     """Boot firmware: bios (SeaBIOS) or uefi (OVMF)."""
     domain_type: DomainType = "auto"
     """libvirt domain type: kvm, qemu (TCG emulation) or auto (kvm when the host offers it)."""
+    vnc: bool = False
+    """A graphical console: a VNC display on a unix socket of the host only (never a TCP
+    port), reached with `capl vnc MACHINE`. Applies when the domain is defined."""
     eviction_strategy: EvictionStrategy | None = None
     """What happens to the machine when its host goes into maintenance (as KubeVirt's
     evictionStrategy): LiveMigrate (live-migrate to another host of the cluster; the

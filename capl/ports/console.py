@@ -16,6 +16,7 @@ host, so it can be read directly only when the host is this machine (``local``).
 from __future__ import annotations
 
 import enum
+import socket
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +30,9 @@ __all__ = [
     "ConsoleLogKind",
     "ConsoleUnavailable",
     "Consoles",
+    "Graphics",
+    "GraphicsUnavailable",
+    "VncDisplay",
 ]
 
 
@@ -105,4 +109,45 @@ class Consoles(Protocol):
 
     async def console_log(self, uuid: str) -> ConsoleLog | None:
         """Where the domain's first serial port is logged, if anywhere (DomainNotFound)."""
+        ...
+
+
+# --- the graphical console (`capl vnc`) ------------------------------------------------------
+
+
+class GraphicsUnavailable(Unsupported):
+    """The domain has no VNC display, or it cannot be reached from here."""
+
+    REASON = "GraphicsUnavailable"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VncDisplay:
+    """A running domain's VNC display as its live XML says (never a password's value)."""
+
+    index: int
+    """Position among the domain's graphics devices (``virDomainOpenGraphicsFD``'s idx)."""
+    socket: str | None
+    """The unix socket on the host it listens on (``<listen type='socket'>``), if any."""
+    tcp: str | None
+    """``address:port`` of a TCP listener, if the domain has one (capl never makes one)."""
+    password: bool
+    """Whether the display asks for a password (a viewer must know it)."""
+
+
+class Graphics(Protocol):
+    """The graphical consoles of one host's domains."""
+
+    @property
+    def host_id(self) -> HostId: ...
+
+    async def vnc_display(self, uuid: str) -> VncDisplay | None:
+        """The first VNC display of a running domain; None when it has none.
+        Raises DomainNotFound, OperationInvalid (not running)."""
+        ...
+
+    async def open_vnc(self, uuid: str, display: VncDisplay) -> socket.socket:
+        """A new client connection to the display (a connected stream socket whose other
+        end QEMU holds, ``virDomainOpenGraphicsFD``): only through a local libvirt socket.
+        Raises GraphicsUnavailable (remote host), DomainNotFound."""
         ...

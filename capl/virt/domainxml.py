@@ -12,6 +12,8 @@ Choices baked into every domain (see libvirt-notes.md and testbed-facts.md for w
   that the providerID ``libvirt:///<uuid>`` names) and ``<smbios mode='sysinfo'/>``;
 - one serial port as a pty with its output also logged to ``console_log`` (virtlogd), and the
   console bound to it: ``virsh console`` works and the log survives for debugging;
+- with ``vnc``: a VNC display on a unix socket in libvirt's per-domain directory (no TCP
+  listener, no password; ``capl vnc`` reaches it through libvirt);
 - the QEMU guest agent channel, a virtio RNG (faster first boot), on_poweroff=destroy,
   on_reboot=restart, on_crash=restart;
 - UEFI either with an explicit loader/NVRAM template or ``<os firmware='efi'>``, which lets
@@ -267,6 +269,8 @@ def _devices(root: ET.Element, spec: DomainSpec, drivers: Mapping[str, PoolDrive
     if spec.guest_agent:
         channel = sub(devices, "channel", type="unix")
         sub(channel, "target", type="virtio", name=GUEST_AGENT_CHANNEL)
+    if spec.vnc:  # a unix socket only (libvirt's per-domain dir): never a TCP listener
+        sub(sub(devices, "graphics", type="vnc"), "listen", type="socket")
     rng = sub(devices, "rng", model="virtio")
     sub(rng, "backend", "/dev/urandom", model="random")
     sub(devices, "memballoon", model="virtio")

@@ -378,6 +378,7 @@ def build_domain_spec(
         cpu_mode="host-passthrough" if domain_type == "kvm" else None,
         hardware=domain_hardware(spec),
         machine="q35" if spec.secure_boot else None,  # secure boot needs SMM: q35
+        vnc=spec.vnc,
     )
 
 

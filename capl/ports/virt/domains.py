@@ -111,6 +111,9 @@ class DomainSpec:
     smbios_product: str = "capl"
     hardware: DomainHardware = field(default_factory=DomainHardware)
     """CPU model/topology/pinning/NUMA, hugepages, devices, TPM, secure boot, XML patches."""
+    vnc: bool = False
+    """A VNC display listening only on a unix socket in libvirt's per-domain directory on the
+    host (no TCP port, no password: reaching it needs access to libvirt; ``capl vnc``)."""
 
 
 class DomainState(enum.StrEnum):
