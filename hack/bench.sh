@@ -31,7 +31,7 @@ fi
 
 # results of this run only: a figure missing from it must not be taken from an older run
 mkdir -p bench/results
-rm -f bench/results/*.json bench/results/*.png
+rm -f bench/results/*.json bench/results/*.png bench/results/*.svg
 
 failed=()
 # bench NAME COMMAND...: run one benchmark; a failure is recorded, not fatal

@@ -5,7 +5,8 @@ Every libvirt call made through ``HostConnection.run`` is counted per host and m
 objects it returns; methods that never leave the process (``name``, ``UUIDString``...) are not
 counted. The benchmark reads the counts ("libvirt calls per machine"). A stream made through
 the proxy tells the handle's owner, which keeps that handle out of its pool until the stream
-is finished or aborted (``capl.virt.handles``).
+is finished or aborted (``capl.virt.handles``). With ``CAPL_LIBVIRT_TRACE`` set, every counted
+call is also recorded (``capl.virt.calltrace``, for the work-floor benchmark).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import libvirt
 
 from capl.ports.virt import HostId
+from capl.virt import calltrace
 
 if TYPE_CHECKING:
     from capl.virt.handles import Handle, HandlePool
@@ -88,8 +90,12 @@ class Counted:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             owner.count(method)
+            trace = calltrace.TRACE
             try:
-                return wrap(value(*args, **kwargs), owner, handle)
+                if trace is None:
+                    return wrap(value(*args, **kwargs), owner, handle)
+                result = trace.call(owner.host_id, method, target, value, args, kwargs)
+                return wrap(result, owner, handle)
             finally:
                 if ends_stream:
                     owner.stream_ended(handle, id(target))
