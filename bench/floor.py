@@ -116,6 +116,8 @@ def _strings(value: Any) -> Iterable[str]:
             yield from _strings(v)
 
 
+_WORD = re.compile(r"[A-Za-z0-9]+")
+"""A machine's name (bench/common.py's `machine_names`: letters and digits) as a word."""
 GAP = 0.05
 """Seconds between two calls of one thread that still count as one operation."""
 
@@ -131,18 +133,13 @@ def split_by_machine(
 ) -> tuple[dict[str, list[CallRecord]], list[CallRecord]]:
     """Each machine's calls in recorded order, and the calls of no machine (module
     docstring: how a call is attributed)."""
-    pattern = re.compile(
-        r"(?<![A-Za-z0-9])("
-        + "|".join(re.escape(m) for m in sorted(machines, key=len, reverse=True))
-        + r")(?![A-Za-z0-9])"
-    )
+    known = set(machines)
     owner: list[str | None] = []
     for call in calls:
         found = None
         for text in _named(call):
-            match = pattern.search(text)
-            if match is not None:
-                found = match.group(1)
+            found = next((w for w in _WORD.findall(text) if w in known), None)
+            if found is not None:
                 break
         owner.append(found)
     # a call naming no machine: the next call of its thread if that one follows at once and
