@@ -10,8 +10,10 @@ do), after the N machines are Ready, and its peak; API writes per machine. Then 
 least-squares line through (N, seconds) and (N, RSS) with its R², and the per-machine cost
 at each size: both grow linearly when seconds/N and (RSS - idle)/N stay flat.
 
-With --steady, the steady-state benchmark (bench/steady.py) is measured on the largest
-size's Ready machines (10,000 in `make bench`): the curve's top point and the steady state
+scaling_curve.json is rewritten after each size (a run cut short keeps the sizes it
+measured). With --steady, the steady-state benchmark (bench/steady.py) is measured on the
+largest size's Ready machines (and, with --steady-from N, on every size from N on, so that a
+run cut short still has one) (10,000 in `make bench`): the curve's top point and the steady state
 share that population. Unless --no-raw, the largest size's API-only replay is written as
 scaleout.json (`make bench` passes --no-raw: bench/scaleout.py writes scaleout.json). Writes
 bench/results/scaling_curve.json (and steady.json).
@@ -114,6 +116,12 @@ async def main(argv: list[str]) -> int:
         "--steady", type=float, default=0.0, help="steady-state window on the largest size (s)"
     )
     parser.add_argument(
+        "--steady-from",
+        type=int,
+        default=10**9,
+        help="also measure the steady state on every size from this one (the last one's stays)",
+    )
+    parser.add_argument(
         "--no-raw", action="store_true", help="skip the raw replay (no scaleout.json)"
     )
     args = parser.parse_args(argv)
@@ -123,27 +131,34 @@ async def main(argv: list[str]) -> int:
     configure_logging(level="warning", format="console")
     require_parts()
     points: list[dict[str, Any]] = []
+
+    def save() -> dict[str, Any]:
+        body = {
+            "mode": "capl manager process per size (test+unix:///default, --namespace)",
+            "machines_per_cluster": args.per_cluster,
+            "concurrency": args.concurrency,
+            "sizes_requested": sizes,
+            "points": points,
+            **(curve(points) if len(points) > 1 else {}),
+        }
+        write_result("scaling_curve", body)
+        return body
+
     with tempfile.TemporaryDirectory(prefix="capl-bench-") as tmp:
         async with Bed(workdir=Path(tmp)) as bed:
             for n in sizes:
                 clusters = max(1, -(-n // args.per_cluster))
                 run = await scale_out(bed, n, clusters=clusters, concurrency=args.concurrency)
                 points.append(point(run.numbers()))
-                if n == sizes[-1]:
-                    if args.steady > 0:
-                        write_result("steady", await measure_steady(bed, run, seconds=args.steady))
-                    if not args.no_raw:
-                        raw = await replay(bed, run, concurrency=args.concurrency)
-                        write_result("scaleout", result(run, raw, concurrency=args.concurrency))
+                if len(points) > 1:
+                    save()  # a run cut short keeps the sizes it measured
+                if args.steady > 0 and (n == sizes[-1] or n >= args.steady_from):
+                    write_result("steady", await measure_steady(bed, run, seconds=args.steady))
+                if n == sizes[-1] and not args.no_raw:
+                    raw = await replay(bed, run, concurrency=args.concurrency)
+                    write_result("scaleout", result(run, raw, concurrency=args.concurrency))
                 await finish(bed, run)
-    body = {
-        "mode": "capl manager process per size (test+unix:///default, --namespace)",
-        "machines_per_cluster": args.per_cluster,
-        "concurrency": args.concurrency,
-        "points": points,
-        **curve(points),
-    }
-    write_result("scaling_curve", body)
+    body = save()
     for p in points:
         note(
             f"N={p['machines']}: {p['seconds_to_all_ready']:.1f} s "
