@@ -7,7 +7,7 @@ from the test driver), this module replays, with plain libvirt-python and no cap
 
 - untimed, the calls capl made before the machines were created (the LibvirtClusters'
   networks and pools), then the base volume the benchmark puts into each pool;
-- timed, per machine, the machine's recorded libvirt calls in their recorded order (volume
+- timed, per machine, the machine's recorded libvirt calls in the order they started (volume
   creates and uploads, network updates, define, start, lease and agent lookups, and every
   lookup capl made on the way, failed ones included), with the API writes capl made for it
   (bench/machines_testdriver.py's replay: the spec patch with its resourceVersion
@@ -134,6 +134,8 @@ def split_by_machine(
     """Each machine's calls in recorded order, and the calls of no machine (module
     docstring: how a call is attributed)."""
     known = set(machines)
+    # in the order the calls started (the trace has them in the order they ended)
+    calls = sorted(calls, key=lambda call: call.t)
     owner: list[str | None] = []
     for call in calls:
         found = None
