@@ -112,9 +112,14 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+LOAD_AT_START = [round(x, 2) for x in os.getloadavg()]
+"""The machine's load when this benchmark process started (before its own load)."""
+
+
 def machine_description() -> dict[str, Any]:
     load = os.getloadavg()
     return {
+        "loadavg_at_start": LOAD_AT_START,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "libvirt": _libvirt_version(),
@@ -371,9 +376,18 @@ class ScaleOut:
         return self.n / self.seconds
 
 
+def machine_names(n: int, prefix: str = "m") -> list[str]:
+    """The names `Bed.machines` gives N machines."""
+    width = max(4, len(str(n - 1)))
+    return [f"{prefix}{i:0{width}d}" for i in range(n)]
+
+
+_HANDED_OUT: list[ipaddress.IPv4Network] = []
+
+
 def free_cidr(prefix: int = 21) -> str:
     """A random 10.x.y.0/`prefix`: the test driver's networks are fake, but keep clear of
-    what is configured on this machine anyway."""
+    what is configured on this machine anyway, and give each cluster of a run its own."""
     out = subprocess.run(
         ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=False
     ).stdout
@@ -383,12 +397,13 @@ def free_cidr(prefix: int = 21) -> str:
         if "inet" in parts:
             with contextlib.suppress(ValueError):
                 used.append(ipaddress.IPv4Interface(parts[parts.index("inet") + 1]).network)
-    for _ in range(200):
+    for _ in range(2000):
         net = ipaddress.IPv4Network(
             f"10.{secrets.randbelow(60) + 190}.{secrets.randbelow(32) * 8}.0/{prefix}",
             strict=False,
         )
-        if not any(net.overlaps(u) for u in used):
+        if not any(net.overlaps(u) for u in used + _HANDED_OUT):
+            _HANDED_OUT.append(net)
             return str(net)
     raise RuntimeError("no free 10.x.y.0/21 network")
 
@@ -494,7 +509,12 @@ class Bed:
     # -- the manager --------------------------------------------------------------------------
 
     async def start_manager(
-        self, namespace: str, *, concurrency: int = 10, extra_args: Sequence[str] = ()
+        self,
+        namespace: str,
+        *,
+        concurrency: int = 10,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> CaplManager:
         kubeconfig = await identities.manager_kubeconfig(self.plane)
         manager = CaplManager(
@@ -507,6 +527,7 @@ class Bed:
             log_level="info",
             extra_args=[f"--concurrency={concurrency}", *extra_args],
             ready_timeout=120,
+            env=env,
         )
         self.managers.append(manager)
         await manager.start()
@@ -548,16 +569,26 @@ class Bed:
         )
 
     async def machines(
-        self, cluster: BenchCluster, n: int, *, prefix: str = "m", within: float = 900
+        self,
+        clusters: BenchCluster | Sequence[BenchCluster],
+        n: int,
+        *,
+        prefix: str = "m",
+        within: float = 900,
     ) -> ScaleOut:
-        """N Secrets + Machines (untimed), then N LibvirtMachines at once, until all Ready."""
+        """N Secrets + Machines (untimed), then N LibvirtMachines at once, until all Ready;
+        with several clusters (of one namespace), machine i belongs to cluster i * k // N."""
+        if isinstance(clusters, BenchCluster):
+            clusters = [clusters]
+        cluster = clusters[0]
         ns, api = cluster.namespace, self.admin
-        names = [f"{prefix}{i:04d}" for i in range(n)]
+        names = machine_names(n, prefix)
+        owner = {name: clusters[i * len(clusters) // n].name for i, name in enumerate(names)}
         await gather_limited(
             [
                 api.resource(SECRET).create(
                     bootstrap_secret_obj(
-                        f"{name}-bootstrap", ns, data=b"#cloud-config\n", cluster=cluster.name
+                        f"{name}-bootstrap", ns, data=b"#cloud-config\n", cluster=owner[name]
                     )
                 )
                 for name in names
@@ -570,7 +601,7 @@ class Bed:
                     machine_obj(
                         name,
                         ns,
-                        cluster=cluster.name,
+                        cluster=owner[name],
                         infra_name=name,
                         bootstrap_secret=f"{name}-bootstrap",
                     )
@@ -590,7 +621,7 @@ class Bed:
                 name = machine["metadata"]["name"]
                 watch.created[name] = time.perf_counter()
                 await api.resource(LIBVIRT_MACHINE).create(
-                    libvirt_machine_obj(name, ns, cluster=cluster.name, machine=machine, spec=spec)
+                    libvirt_machine_obj(name, ns, cluster=owner[name], machine=machine, spec=spec)
                 )
 
             first = time.perf_counter()

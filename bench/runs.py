@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bench.common import (
@@ -25,6 +26,7 @@ from bench.common import (
     percentile,
 )
 from capl.testbed.caplmanager import CaplManager
+from capl.testing.harness import gather_limited
 
 MIB = 1024 * 1024
 
@@ -36,7 +38,7 @@ class Run:
     n: int
     namespace: str
     manager: CaplManager
-    cluster: BenchCluster
+    clusters: list[BenchCluster]
     scale: ScaleOut
     audit: AuditWindow
     started_offset: int
@@ -48,12 +50,19 @@ class Run:
     cpu: dict[str, float]
     """CPU seconds per process over the scale-out (manager, kube-apiserver, etcd, libvirtd,
     this benchmark)."""
+    trace: TraceWindow | None = None
+    """Where the manager's libvirt calls were recorded (bench/floor.py), when they were."""
+
+    @property
+    def cluster(self) -> BenchCluster:
+        return self.clusters[0]
 
     def numbers(self) -> dict[str, Any]:
         s = self.scale
         writes = self.audit.writes
         return {
             "machines": self.n,
+            "clusters": len(self.clusters),
             "seconds_create_phase": round(s.last_create - s.first_create, 3),
             "seconds_to_all_ready": round(s.seconds, 3),
             "machines_per_s": round(s.machines_per_s, 2),
@@ -76,6 +85,9 @@ class Run:
                 k: round(v / self.n, 3) for k, v in sorted(self.reconciles.items())
             },
             "manager_cpu_seconds": round(self.after.cpu_seconds - self.before.cpu_seconds, 2),
+            "manager_cpu_ms_per_machine": round(
+                1000 * (self.after.cpu_seconds - self.before.cpu_seconds) / self.n, 2
+            ),
             "cpu_seconds_by_process": {k: round(v, 2) for k, v in self.cpu.items()},
             "manager_rss_idle_mb": round(self.idle.rss_bytes / MIB, 1),
             "manager_rss_after_mb": round(self.after.rss_bytes / MIB, 1),
@@ -112,31 +124,67 @@ def reconcile_counts(metrics_text: str) -> dict[str, float]:
     }
 
 
-async def scale_out(bed: Bed, n: int, *, concurrency: int = 10) -> Run:
-    """A fresh namespace and manager; N machines to Ready; the manager keeps running."""
+@dataclass
+class TraceWindow:
+    """The manager's libvirt call trace: the file and the byte offsets of its phases."""
+
+    path: Path
+    start: int
+    """Where the calls before the machines (the clusters' networks and pools) begin."""
+    machines: int
+    """Where the calls from the machines' creation begin."""
+    end: int
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+async def scale_out(
+    bed: Bed,
+    n: int,
+    *,
+    clusters: int = 1,
+    concurrency: int = 10,
+    trace: Path | None = None,
+) -> Run:
+    """A fresh namespace and manager; `clusters` clusters; N machines (spread evenly over
+    them) to Ready; the manager keeps running. With `trace`, the manager records its libvirt
+    calls there (``CAPL_LIBVIRT_TRACE``, for bench/floor.py)."""
     namespace = await bed.namespace(f"scale{n}")
-    manager = await bed.start_manager(namespace, concurrency=concurrency)
+    env = {"CAPL_LIBVIRT_TRACE": str(trace)} if trace is not None else None
+    trace_start = _size(trace) if trace is not None else 0
+    manager = await bed.start_manager(namespace, concurrency=concurrency, env=env)
     assert manager.pid is not None
     started_offset = bed.plane.audit_offset()
     idle = ProcStat.read(manager.pid)
-    cluster = await bed.cluster(namespace)
+    made = await gather_limited(
+        [bed.cluster(namespace, name=f"bench{i:03d}") for i in range(clusters)], limit=10
+    )
     offset = await settle(bed, quiet=1.0)
+    trace_machines = _size(trace) if trace is not None else 0
     counts_before = reconcile_counts(await manager.metrics())
     processes = bed.processes(manager)
     cpu_before = cpu_seconds_of(processes)
     before = ProcStat.read(manager.pid)
-    note(f"{n} machines: creating (manager pid {manager.pid}, RSS {idle.rss_bytes / MIB:.0f} MB)")
-    scale = await bed.machines(cluster, n)
+    note(
+        f"{n} machines in {clusters} cluster(s): creating (manager pid {manager.pid}, "
+        f"RSS {idle.rss_bytes / MIB:.0f} MB)"
+    )
+    scale = await bed.machines(made, n, within=max(900.0, n * 0.3))
     end = await settle(bed)
     after = ProcStat.read(manager.pid)
     cpu_after = cpu_seconds_of(processes)
     counts_after = reconcile_counts(await manager.metrics())
     audit = AuditWindow.read(bed.audit_log, user=MANAGER_USER, start=offset, end=end)
+    window = None
+    if trace is not None:
+        window = TraceWindow(trace, trace_start, trace_machines, _size(trace))
     run = Run(
         n=n,
         namespace=namespace,
         manager=manager,
-        cluster=cluster,
+        clusters=list(made),
         scale=scale,
         audit=audit,
         started_offset=started_offset,
@@ -145,6 +193,7 @@ async def scale_out(bed: Bed, n: int, *, concurrency: int = 10) -> Run:
         after=after,
         reconciles={k: counts_after[k] - counts_before.get(k, 0.0) for k in counts_after},
         cpu={k: cpu_after[k] - cpu_before[k] for k in cpu_after if k in cpu_before},
+        trace=window,
     )
     numbers = run.numbers()
     note(
@@ -162,7 +211,9 @@ async def finish(bed: Bed, run: Run) -> None:
     """Stop the run's manager and remove its machines from the test driver."""
     await run.manager.stop()
     started = time.monotonic()
-    removed = await bed.sweep(run.cluster)
+    removed = 0
+    for cluster in run.clusters:
+        removed += await bed.sweep(cluster)
     note(f"removed {removed} domains of {run.namespace} in {time.monotonic() - started:.1f} s")
 
 
@@ -238,7 +289,8 @@ async def measure_steady(bed: Bed, run: Run, *, seconds: float) -> dict[str, Any
         },
         "cluster_health_interval_s": CLUSTER_HEALTH_INTERVAL,
         "sync_period": "off",
-        "targets": {"cpu_percent_of_core": "< 2", "rss_mb": "< 250", "list_calls": "0"},
+        "clusters": len(run.clusters),
+        "targets": {"cpu_percent_of_core": "< 2", "rss_mb": "< 400", "list_calls": "0"},
     }
     note(
         f"steady: CPU {body['cpu_percent_of_core']:.2f} % of a core, RSS {body['rss_mb']:.0f} MB, "

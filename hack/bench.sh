@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The body of `make bench` (not part of `make test`): brings up the test bed like
 # hack/test.sh (control-plane binaries, libvirtd, guest image, Cluster API CRDs), runs every
-# benchmark in bench/, then bench/report.py: bench/results/*.json, PNG plots,
+# benchmark in bench/, then bench/report.py: bench/results/*.json, SVG plots,
 # bench/results/summary.json and the results section of docs/benchmarks.md.
 #
 # Every benchmark measures its limit in the same run (docs/benchmarks.md). A failing benchmark
 # does not stop the others; the report then names the missing figures and this script exits
-# non-zero. Knobs (environment): CAPL_BENCH_SIZES (default 100,300,1000),
+# non-zero. Knobs (environment): CAPL_BENCH_LAYOUTS (scale-out, default 10x100,1x1000: the
+# first is the headline, with the work floor), CAPL_BENCH_SIZES (default 100,300,1000,3000,10000),
 # CAPL_BENCH_STEADY (seconds, default 60), CAPL_BENCH_REALVM_ROUNDS (default 2),
 # CAPL_BENCH_MIGRATION_REPS (default 8), CAPL_BENCH_BED_LOCK_WAIT (seconds, default 600).
 #
@@ -31,7 +32,7 @@ fi
 
 # results of this run only: a figure missing from it must not be taken from an older run
 mkdir -p bench/results
-rm -f bench/results/*.json bench/results/*.png
+rm -f bench/results/*.json bench/results/*.png bench/results/*.svg
 
 failed=()
 # bench NAME COMMAND...: run one benchmark; a failure is recorded, not fatal
@@ -49,12 +50,17 @@ bench() {
 
 bench runtime_toy "$PY" bench/runtime_toy.py --objects 1000 --rounds 3
 bench machines_testdriver "$PY" bench/machines_testdriver.py --machines 500
-# scale-out (largest size), steady state on its Ready machines, and the scaling curve
-bench scaling_curve "$PY" bench/scaling_curve.py --sizes "${CAPL_BENCH_SIZES:-100,300,1000}" \
-	--steady "${CAPL_BENCH_STEADY:-60}"
+# scale-out: 10 clusters x 100 machines (traced, API-only replay, the work floor), then
+# 1 x 1,000 on one network (reported beside it)
+bench scaleout "$PY" bench/scaleout.py --layouts "${CAPL_BENCH_LAYOUTS:-10x100,1x1000}"
 bench machines_realvm "$PY" bench/machines_realvm.py --vms 3 --rounds "${CAPL_BENCH_REALVM_ROUNDS:-2}"
 bench migration flock -w "${CAPL_BENCH_BED_LOCK_WAIT:-600}" /tmp/capl-multihost.lock \
 	"$PY" bench/migration.py --start-bed --reps "${CAPL_BENCH_MIGRATION_REPS:-8}"
+
+# last: the longest, so that a run cut short still has the others' figures
+# the scaling curve in clusters of 100; the steady state on its largest size's Ready machines
+bench scaling_curve "$PY" bench/scaling_curve.py --no-raw \
+	--sizes "${CAPL_BENCH_SIZES:-100,300,1000,3000,10000}" --steady "${CAPL_BENCH_STEADY:-60}"
 
 report=0
 "$PY" bench/report.py --require scaleout,steady,realvm,scaling,migration || report=$?

@@ -16,6 +16,9 @@ or re-created by someone else), which is then run once more, looking up afresh
 (``HandlePool.invoke``). Handles die with their connection, and so does what they remember.
 Networks are looked up every time: the DHCP/DNS entry cache (``network_cache``) tells a
 network re-created behind this process's back by the looked-up handle's UUID.
+
+With ``CAPL_LIBVIRT_TRACE`` set, every counted call is also recorded (``capl.virt.calltrace``,
+for the work-floor benchmark).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import libvirt
 
 from capl.ports.virt import HostId
+from capl.virt import calltrace
 
 if TYPE_CHECKING:
     from capl.virt.handles import Handle, HandlePool
@@ -101,8 +105,12 @@ class Counted:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             owner.count(method)
+            trace = calltrace.TRACE
             try:
-                return wrap(value(*args, **kwargs), owner, handle)
+                if trace is None:
+                    return wrap(value(*args, **kwargs), owner, handle)
+                result = trace.call(owner.host_id, method, target, value, args, kwargs)
+                return wrap(result, owner, handle)
             finally:
                 if ends_stream:
                     owner.stream_ended(handle, id(target))

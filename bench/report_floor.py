@@ -1,0 +1,222 @@
+"""bench/report.py's part for issue 16: the work floor, the layout, the manager's own cost per
+machine, the 10,000-machine steady state and the scaling curve's per-machine cost ratio —
+their summary figures, targets, table rows, the per-process CPU plot (capl against the floor)
+and the machine every figure was measured on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+TARGETS: dict[str, tuple[str, float]] = {
+    "scaleout.manager_cpu_ms_per_machine": ("<=", 7.0),
+    "scaleout.libvirt_calls_per_machine": ("<=", 15.0),
+    "scaleout.api_writes_per_machine": ("<=", 3.0),
+    "steady.machines": (">=", 10000.0),
+    "scaling.per_machine_cost_ratio": ("<=", 1.25),
+}
+REQUIRED = (
+    "scaleout.ratio_to_floor",
+    "scaleout.clusters",
+    "scaleout.machines",
+    "scaleout.manager_cpu_ms_per_machine",
+    "scaleout.libvirt_calls_per_machine",
+    "scaling.per_machine_cost_ratio",
+)
+LOADED = 0.5
+"""1-minute load per CPU at a benchmark's start above which its figures are marked as
+measured under load (other work on the machine: the benchmark's own load starts after)."""
+
+
+def machine_of(data: Mapping[str, Any] | None) -> dict[str, Any]:
+    machine = dict((data or {}).get("machine") or {})
+    start = machine.get("loadavg_at_start")
+    if start and machine.get("cpus"):
+        machine["under_load"] = start[0] / machine["cpus"] > LOADED
+    return machine
+
+
+def machine_line(machine: Mapping[str, Any]) -> str:
+    if not machine:
+        return ""
+    load = machine.get("loadavg_at_start") or machine.get("loadavg_at_end") or []
+    text = (
+        f"{machine.get('cpus', '?')} CPUs, kernel {machine.get('kernel', '?')}, libvirt "
+        f"{machine.get('libvirt', '?')}, Python {machine.get('python', '?')}, loadavg at start "
+        f"{' '.join(str(x) for x in load) or '?'}"
+    )
+    if machine.get("under_load"):
+        text += " — MEASURED UNDER LOAD (other work on the machine)"
+    return text
+
+
+def summarize(inputs: Mapping[str, dict[str, Any] | None], summary: dict[str, Any]) -> None:
+    """Adds issue 16's figures to `summary` (in place)."""
+    s = inputs.get("scaleout")
+    f = inputs.get("floor")
+    if s is not None and "scaleout" in summary:
+        out = summary["scaleout"]
+        out["clusters"] = s.get("clusters", 1)
+        out["machines"] = s["machines"]
+        net = s.get("manager_cpu_ms_per_machine_without_trace")
+        out["manager_cpu_ms_per_machine"] = (
+            net if net is not None else s.get("manager_cpu_ms_per_machine")
+        )
+        out["manager_cpu_ms_per_machine_with_trace"] = s.get("manager_cpu_ms_per_machine")
+        out["trace_cpu_ms_per_machine"] = s.get("trace_cpu_ms_per_machine")
+        out["libvirt_calls_per_machine"] = s.get("libvirt_calls_per_machine")
+        for key in ("ratio_to_floor", "ratio_to_floor_concurrent"):
+            if key in s:
+                out[key] = s[key]
+        out["floor_machines_per_s"] = s.get("floor_machines_per_s_sequential")
+        out["floor_machines_per_s_concurrent"] = s.get("floor_machines_per_s_concurrent")
+        if f is not None:
+            out["floor_source"] = f.get("source")
+            out["floor_outcome_mismatches"] = f["sequential"]["replay"]["outcome_mismatches"]
+        others = s.get("other_layouts") or []
+        if others:
+            o = others[0]
+            out["one_network"] = {
+                "clusters": o.get("clusters", 1),
+                "machines": o["machines"],
+                "machines_per_s": o["machines_per_s"],
+                "ratio_to_apiserver": o["ratio_to_apiserver"],
+                "manager_cpu_ms_per_machine": o.get("manager_cpu_ms_per_machine"),
+                "libvirtd_cpu_ms_per_machine": round(
+                    1000
+                    * (o.get("cpu_seconds_by_process") or {}).get("libvirtd", 0.0)
+                    / o["machines"],
+                    2,
+                ),
+            }
+        out["machine"] = machine_of(s)
+    c = inputs.get("scaling_curve")
+    if c is not None and "scaling" in summary:
+        sc = summary["scaling"]
+        sc["per_machine_cost_ratio"] = c.get(
+            "per_machine_cost_ratio", c.get("seconds_per_machine_ratio_largest_to_smallest")
+        )
+        sc["clusters"] = [p.get("clusters", 1) for p in c["points"]]
+        sc["manager_cpu_ms_per_machine"] = [
+            p.get("manager_cpu_ms_per_machine") for p in c["points"]
+        ]
+        sc["machine"] = machine_of(c)
+    st = inputs.get("steady")
+    if st is not None and "steady" in summary:
+        summary["steady"]["clusters"] = st.get("clusters", 1)
+        summary["steady"]["machine"] = machine_of(st)
+
+
+Row = Callable[[str, Any, str, str], str]
+Fmt = Callable[[Any], str]
+
+
+def rows(summary: Mapping[str, Any], row: Row, fmt: Fmt) -> list[str]:
+    s = summary.get("scaleout", {})
+    one = s.get("one_network") or {}
+    sc = summary.get("scaling", {})
+    return [
+        row(
+            "scaleout.ratio_to_floor",
+            s.get("ratio_to_floor"),
+            f"the work floor: capl's recorded libvirt calls and API writes for the same "
+            f"{fmt(s.get('machines'))} machines ({fmt(s.get('clusters'))} clusters) replayed "
+            f"by a tight script: {fmt(s.get('floor_machines_per_s'))} machines/s (one loop), "
+            f"{fmt(s.get('floor_machines_per_s_concurrent'))}/s (capl's concurrency; ratio "
+            f"{fmt(s.get('ratio_to_floor_concurrent'))}); capl {fmt(s.get('machines_per_s'))}/s",
+            "—",
+        ),
+        row(
+            "scaleout.manager_cpu_ms_per_machine",
+            s.get("manager_cpu_ms_per_machine"),
+            f"/proc/<pid>/stat of the manager, create to Ready, less the call recording's own "
+            f"{fmt(s.get('trace_cpu_ms_per_machine'))} ms (with it: "
+            f"{fmt(s.get('manager_cpu_ms_per_machine_with_trace'))}); untraced, per size: "
+            f"{', '.join(fmt(x) for x in sc.get('manager_cpu_ms_per_machine') or [])} "
+            f"(scaling curve)",
+            "<= 7",
+        ),
+        row(
+            "scaleout.libvirt_calls_per_machine",
+            s.get("libvirt_calls_per_machine"),
+            "every libvirt call of the manager from the first create until it went quiet "
+            "(cluster health checks included), / N",
+            "<= 15",
+        ),
+        row(
+            "scaleout.one_network.machines_per_s",
+            one.get("machines_per_s"),
+            f"{fmt(one.get('machines'))} machines on one network: ratio to the API-only "
+            f"replay {fmt(one.get('ratio_to_apiserver'))}, manager "
+            f"{fmt(one.get('manager_cpu_ms_per_machine'))} ms/machine, libvirtd "
+            f"{fmt(one.get('libvirtd_cpu_ms_per_machine'))} ms/machine",
+            "—",
+        ),
+        row(
+            "steady.machines",
+            summary.get("steady", {}).get("machines"),
+            f"Ready machines across {fmt(summary.get('steady', {}).get('clusters'))} clusters "
+            "during the steady window",
+            ">= 10000",
+        ),
+        row(
+            "scaling.per_machine_cost_ratio",
+            sc.get("per_machine_cost_ratio"),
+            f"seconds per machine at {fmt((sc.get('sizes') or [None])[-1])} / at "
+            f"{fmt((sc.get('sizes') or [None])[0])} machines (clusters of 100)",
+            "<= 1.25",
+        ),
+    ]
+
+
+PROCESSES = ("manager", "libvirtd", "kube-apiserver", "etcd", "load")
+
+
+def _process_key(name: str) -> str:
+    if name.startswith("benchmark"):
+        return "load"
+    if name.startswith("floor script"):
+        return "manager"
+    return name
+
+
+def plot_cpu_split(s: Mapping[str, Any], f: Mapping[str, Any], plt: Any, save: Any) -> str:
+    """Per-process CPU ms per machine: capl's run against the floor's two passes."""
+    n = s["machines"]
+    columns = {
+        "capl": s.get("cpu_seconds_by_process") or {},
+        "floor, 1 loop": f["sequential"]["cpu_seconds_by_process"],
+        f"floor, {f['concurrent']['loops']} loops": f["concurrent"]["cpu_seconds_by_process"],
+    }
+    walls = [
+        s["seconds_to_all_ready"],
+        f["sequential"]["seconds"],
+        f["concurrent"]["seconds"],
+    ]
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    labels = list(columns)
+    bottom = [0.0] * len(labels)
+    names = {
+        "manager": "capl manager / floor script",
+        "libvirtd": "libvirtd",
+        "kube-apiserver": "kube-apiserver",
+        "etcd": "etcd",
+        "load": "load generator and watch",
+    }
+    for proc in PROCESSES:
+        values = []
+        for col in columns.values():
+            total = sum(v for k, v in col.items() if _process_key(k) == proc)
+            values.append(1000 * total / n)
+        ax.bar(labels, values, bottom=bottom, label=names[proc])
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.plot(labels, [1000 * w / n for w in walls], "o", color="black", label="wall ms per machine")
+    ax.set_ylabel("CPU ms per machine")
+    ax.set_ylim(0, max(max(bottom), 1000 * max(walls) / n) * 1.35)
+    ax.set_title(
+        f"{n} machines, {s.get('clusters', 1)} clusters: CPU by process, capl against the floor",
+        fontsize=10,
+    )
+    ax.legend(fontsize=8, loc="upper right", ncol=2)
+    return str(save(fig, "cpu_split"))
