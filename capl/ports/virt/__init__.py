@@ -8,6 +8,7 @@ holds one object kind, its values and its part of the ``Host`` Protocol together
 - ``identity``: ``HostId``, the owners (``ClusterOwner``, ``DomainOwner``), the XML namespace;
 - ``storage``: pools, volumes, base images (``HostStorage``);
 - ``networks``: networks, DHCP reservations, DNS records, leases (``HostNetworks``);
+- ``day2``: changes of a defined domain without replacing it (``HostDay2``);
 - ``domains``: the domain spec and what is read back: state, NICs, addresses, guest files
   (``HostDomains``);
 - ``events``: domain lifecycle and host connection events, ``Subscription``;
@@ -58,6 +59,7 @@ Idempotency contract
 
 from __future__ import annotations
 
+from capl.ports.virt.day2 import Applied, DomainDisk, DomainHardware, HostDay2
 from capl.ports.virt.domains import (
     AddressSource,
     DiskBus,
@@ -144,6 +146,7 @@ __all__ = [
     "DIR_POOL",
     "AbortReason",
     "AddressSource",
+    "Applied",
     "BaseImage",
     "ClusterOwner",
     "DhcpHost",
@@ -152,8 +155,10 @@ __all__ = [
     "DiskDevice",
     "DiskSpec",
     "DnsHost",
+    "DomainDisk",
     "DomainEvent",
     "DomainEventKind",
+    "DomainHardware",
     "DomainInfo",
     "DomainLocation",
     "DomainNic",
@@ -165,6 +170,7 @@ __all__ = [
     "GuestFile",
     "GuestFileState",
     "Host",
+    "HostDay2",
     "HostDomains",
     "HostEvent",
     "HostEventKind",
