@@ -14,13 +14,11 @@ extension refuses such a change, `capl.webhooks.inplace`):
   attachment (network/bridge) or fixed MAC changed is not in place;
 - vCPUs and memory are set whenever the persistent or the live value differs.
 
-`in_place_fields` names what the in-place path covers; `in_place_spec` is the part of a spec
-those fields make up (the runtime extension compares the rest).
+Which spec changes Cluster API may leave to this instead of a rollout: `capl.api.inplace`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +28,6 @@ from capl.ports.naming import MachineNames
 from capl.ports.virt import DomainHardware
 
 __all__ = [
-    "IN_PLACE_FIELDS",
     "AddDisk",
     "AddNic",
     "DayTwoPlan",
@@ -41,21 +38,10 @@ __all__ = [
     "SetVcpus",
     "added_disk_volume",
     "fingerprint",
-    "in_place_spec",
     "plan_changes",
 ]
 
 GIB = 1024**3
-
-IN_PLACE_FIELDS = (
-    "cpus",
-    "memoryMiB",
-    "rootVolume",
-    "extraDisks",
-    "networkInterfaces",
-)
-"""Spec fields (camelCase) a change of which capl applies to the running machine; the
-maxima (`maxCPUs`, `maxMemoryMiB`) are fixed when the domain is defined and so are not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,11 +189,6 @@ def plan_changes(
     # additions before removals would reuse nothing: removals of NICs/disks come after the
     # additions only so that a failed addition leaves the old devices in place
     return DayTwoPlan(changes=tuple(changes), not_in_place=tuple(refused))
-
-
-def in_place_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a spec (camelCase JSON) that `IN_PLACE_FIELDS` make up."""
-    return {key: spec[key] for key in IN_PLACE_FIELDS if key in spec}
 
 
 def fingerprint(spec: LibvirtMachineSpec) -> tuple[Any, ...]:
