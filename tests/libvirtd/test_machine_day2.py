@@ -9,11 +9,11 @@ asked what it sees, on its serial console's shell (hack/guest/inittab):
   MemTotal nor libvirt's live balloon size shows it: the persistent definition is checked);
 - admission: a shrinking rootVolume.sizeGiB and cpus above maxCPUs are refused by the API
   server naming the field, and nothing changes;
+- the disk and NIC removed again (unplugged live, the volume deleted);
 - the reboot path: cpus above the maximum the running QEMU was started with wait for the
   next power cycle (HardwareUpdated False/RestartRequired); the domain destroyed (a power
-  cycle), the controller starts it again and the guest has the vCPUs;
-- the disk and NIC removed again (unplugged live, the volume deleted), then the machine
-  deleted with nothing left.
+  cycle), the controller starts it again with the vCPUs and the condition turns True;
+- the machine deleted with nothing left.
 """
 
 from __future__ import annotations
@@ -138,7 +138,9 @@ async def test_day2_changes_reach_the_running_guest(
     network = str(cluster.layout_model().spec.network.name)  # type: ignore[union-attr]
     spec = guest_spec(guest_image, maxCPUs=2, maxMemoryMiB=384, rootVolume={"sizeGiB": 1})
     m = await h.make_machine(cluster, "day2-node", spec=spec)
+    begin = time.monotonic()
     obj = await h.wait_ready(m.name, within=BOOT_TIMEOUT)
+    record_timing("day-2 machine create to Ready (TCG)", time.monotonic() - begin)
     dom = libvirtd_conn.lookupByUUIDString(obj["spec"]["domainUUID"])
     assert condition_of(obj, c.ConditionType.HARDWARE_UPDATED) == {}  # nothing changed yet
     await _guest_sees(dom, "cat /sys/devices/system/cpu/present", lambda a: a == "0")
@@ -189,7 +191,19 @@ async def test_day2_changes_reach_the_running_guest(
         await h.patch(LIBVIRT_MACHINE, m.name, {"spec": {"cpus": 3}})
     _refused(above, "cpus")
 
+    # remove the disk and the NIC again: unplugged live, the volume deleted
+    started = time.monotonic()
+    await _change(h, m.name, {"extraDisks": None, "networkInterfaces": None})
+    await _guest_sees(dom, "ls /sys/block", lambda a: "vdb" not in a.split())
+    await _guest_sees(dom, "ls /sys/class/net", lambda a: a.split() == ["eth0", "lo"])
+    pool_name = cluster.layout_model().spec.storage_pool.name  # type: ignore[union-attr]
+    pool = libvirtd_conn.storagePoolLookupByName(str(pool_name))
+    pool.refresh(0)
+    assert not [v for v in pool.listAllVolumes(0) if "-disk-data" in v.name()]
+    record_timing("day-2 removal seen by the guest", time.monotonic() - started)
+
     # above what the running QEMU was started with: at the next power cycle, said so
+    started = time.monotonic()
     obj = await _change(h, m.name, {"cpus": 3, "maxCPUs": 3}, status="False")
     cond = condition_of(obj, c.ConditionType.HARDWARE_UPDATED)
     assert cond["reason"] == c.Reason.RESTART_REQUIRED, cond
@@ -202,17 +216,10 @@ async def test_day2_changes_reach_the_running_guest(
         within=BOOT_TIMEOUT,
         what="HardwareUpdated True after the power cycle",
     )
-    await _guest_sees(
-        dom, "cat /sys/devices/system/cpu/online", lambda a: a == "0-2", within=BOOT_TIMEOUT
-    )
-
-    # remove the disk and the NIC again: unplugged live, the volume deleted
-    await _change(h, m.name, {"extraDisks": None, "networkInterfaces": None})
-    await _guest_sees(dom, "ls /sys/block", lambda a: "vdb" not in a.split())
-    await _guest_sees(dom, "ls /sys/class/net", lambda a: a.split() == ["eth0", "lo"])
-    pool = libvirtd_conn.storagePoolLookupByName(str(cluster.layout_model().spec.storage_pool.name))  # type: ignore[union-attr]
-    pool.refresh(0)
-    assert not [v for v in pool.listAllVolumes(0) if "-disk-data" in v.name()]
+    # the new QEMU process has the three vCPUs (what the guest makes of them after its boot
+    # is the same as at any boot: not waited for here, it would cost a second TCG boot)
+    assert ElementTree.fromstring(dom.XMLDesc(0)).findtext("vcpu") == "3"
+    record_timing("day-2 power cycle path", time.monotonic() - started)
 
     await h.delete_machine(m.name, within=90)
     assert await leftovers(h, cluster, m.name, uri=URI) == []

@@ -12,7 +12,8 @@ extension refuses such a change, `capl.webhooks.inplace`):
 - NICs are matched by position (guest order): NICs added at the end of
   `networkInterfaces` are hot-plugged, NICs removed from its end are unplugged; a NIC whose
   attachment (network/bridge) or fixed MAC changed is not in place;
-- vCPUs and memory are set whenever the persistent or the live value differs.
+- vCPUs are set whenever the persistent or the live count differs; memory whenever the
+  persistent target differs or the running domain is smaller than the spec.
 
 Which spec changes Cluster API may leave to this instead of a rollout: `capl.api.inplace`.
 """
@@ -180,10 +181,12 @@ def plan_changes(
     ):
         changes.append(SetVcpus(spec.cpus, max_cpus))
     max_memory = max(spec.memory_mib, spec.max_memory_mib or 0)
+    # the live current memory is the balloon's actual size, which a guest without a balloon
+    # driver never moves: only the persistent target and the sizes are compared
     if (
         spec.memory_mib != hardware.config_memory_mib
         or max_memory > hardware.config_max_memory_mib
-        or (hardware.running and spec.memory_mib != hardware.memory_mib)
+        or (hardware.running and spec.memory_mib > hardware.max_memory_mib)
     ):
         changes.append(SetMemory(spec.memory_mib, max_memory))
     # additions before removals would reuse nothing: removals of NICs/disks come after the
