@@ -168,6 +168,7 @@ def _root_capacity(view: LibvirtView, domain_name: str) -> int:
     return int(dom.blockInfo("vda", 0)[0])
 
 
+@pytest.mark.timeout(2400)  # the module's management and workload cluster set up included
 async def test_grown_disk_in_place_and_new_image_by_replacement(
     cluster: WorkloadCluster, view: LibvirtView, guest_image: Path, tmp_path: Path
 ) -> None:
