@@ -15,8 +15,10 @@ what to do:
 - vCPUs and memory: `Host.set_vcpus` / `set_memory` (live up to the maxima the domain was
   started with, else persistent only).
 
-A freshly created domain was made from the spec: its fingerprint is recorded without a read.
-Settled machines make no call (the fingerprint only changes with the object).
+A freshly created domain was made from the spec: its fingerprint is recorded without a read;
+so is that of a machine whose status shows this generation observed with HardwareUpdated
+absent or True (after a manager restart: no libvirt call per machine). Settled machines make
+no call (the fingerprint only changes with the object).
 
 The HardwareUpdated condition (absent until the first day-2 change) says what happened:
 True/HardwareApplied; False/RestartRequired naming what waits for the next power cycle (a
@@ -102,6 +104,9 @@ async def apply_changes(
         return None
     if record.day2 == wanted:
         return None
+    if record.day2 is None and _settled_before(scope):
+        record.day2 = wanted  # e.g. after a restart: no libvirt call for what was done
+        return None
     on = scope.on
     target = on.target
     try:
@@ -131,6 +136,16 @@ async def apply_changes(
     if not pending and not plan.not_in_place:
         record.day2 = wanted
     return None
+
+
+def _settled_before(scope: MachineScope) -> bool:
+    """A reconcile (of this process or an earlier one) observed this generation and left
+    HardwareUpdated absent or True: the domain matched the spec then."""
+    lm = scope.lm
+    if lm.metadata.generation is None or lm.status.observed_generation != lm.metadata.generation:
+        return False
+    condition = get_condition(scope.current, c.ConditionType.HARDWARE_UPDATED)
+    return condition is None or condition.get("status") == "True"
 
 
 async def _apply_with_snapshot(
