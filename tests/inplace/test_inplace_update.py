@@ -51,7 +51,7 @@ CLUSTER_NAME = "ip"
 BOOT = 300.0  # TCG guests on two shared cores
 GIB = 1024**3
 EXTENSION_CONFIG = Resource(
-    "runtime.cluster.x-k8s.io", "v1beta2", "ExtensionConfig", "extensionconfigs"
+    "runtime.cluster.x-k8s.io", "v1beta2", "ExtensionConfig", "extensionconfigs", namespaced=False
 )
 
 
