@@ -44,7 +44,7 @@ __all__ = ["harness"]  # fixtures used by this module
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
 
-BOOT_TIMEOUT = 180.0
+BOOT_TIMEOUT = 300.0  # TCG on two shared cores, under load
 GIB = 1024**3
 
 
