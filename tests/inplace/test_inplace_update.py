@@ -50,6 +50,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.apiserver, pytest.mark.libvirtd, pyte
 CLUSTER_NAME = "ip"
 BOOT = 600.0  # TCG guests on two shared cores (a boot took 300 s under a load of 30)
 GIB = 1024**3
+NO_SURGE = {"maxSurge": 0, "maxUnavailable": 1}
 EXTENSION_CONFIG = Resource(
     "runtime.cluster.x-k8s.io", "v1beta2", "ExtensionConfig", "extensionconfigs", namespaced=False
 )
@@ -156,9 +157,18 @@ async def _new_template(cluster: WorkloadCluster, md: Obj, name: str, **changes:
             "spec": {"template": {"spec": spec}},
         }
     )
+    # maxSurge 0: Cluster API first scales a new MachineSet up by the surge and only then
+    # considers moving the old MachineSet's machines to it in place (rollout planner,
+    # reconcileInPlaceUpdateIntent: nothing is moved once the new one has every replica)
+    rollout = {"strategy": {"type": "RollingUpdate", "rollingUpdate": NO_SURGE}}
     await cluster.api.resource(MACHINE_DEPLOYMENT).patch(
         ObjectKey(cluster.namespace, name_of(md)),
-        {"spec": {"template": {"spec": {"infrastructureRef": {"name": name}}}}},
+        {
+            "spec": {
+                "rollout": rollout,
+                "template": {"spec": {"infrastructureRef": {"name": name}}},
+            }
+        },
     )
     return name
 
