@@ -97,6 +97,10 @@ test-firmware: venv ## UEFI secure boot in a TCG guest, from OVMF's log (not in 
 e2e-kcp: venv ## a KubeadmControlPlane machine running kubeadm init in a TCG guest, and a worker joining it (not in make test)
 	@CAPL_TEST_STAGES=kcp hack/test.sh
 
+.PHONY: e2e-inplace
+e2e-inplace: venv ## Cluster API in-place updates through capl's runtime extension: a grown disk in place, a new image by replacement (not in make test)
+	@CAPL_TEST_STAGES=inplace hack/test.sh
+
 .PHONY: demo
 demo: venv ## run a 3-machine demo cluster on the local libvirtd
 	@hack/demo.sh

@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -29,10 +30,12 @@ from capl.kube.workload import KubeWorkloadClusters
 from capl.runtime.errors import ApiError, TransportError
 from capl.runtime.logging import configure_logging
 from capl.runtime.manager import LeadershipLost, Manager, ManagerOptions
-from capl.runtime.resources import LIBVIRT_CLUSTER
+from capl.runtime.objects import ObjectKey
+from capl.runtime.resources import LIBVIRT_CLUSTER, LIBVIRT_MACHINE
 from capl.virt.connection import CALL_TIMEOUT, LONG_CALL_TIMEOUT
 from capl.virt.hosts import LibvirtHosts
 from capl.virt.migration import LibvirtMigrations
+from capl.webhooks.inplace import mount_in_place_extension
 from capl.webhooks.server import CERT_NAME, KEY_NAME, WebhookServer, create_app
 
 log = structlog.get_logger("capl.manager")
@@ -79,6 +82,16 @@ class _CachedClusters:
 
     async def list_libvirt_clusters(self) -> Sequence[LibvirtCluster]:
         return [parse(LibvirtCluster, raw) for raw in self._manager.cache.list(LIBVIRT_CLUSTER)]
+
+
+class _CachedMachines:
+    """The in-place update extension's view of LibvirtMachines: the manager's informer."""
+
+    def __init__(self, manager: Manager) -> None:
+        self._manager = manager
+
+    def libvirt_machine(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self._manager.cache.get(LIBVIRT_MACHINE, ObjectKey(namespace, name))
 
 
 def _check_webhook_certs(cert_dir: str) -> None:
@@ -128,8 +141,11 @@ def build(options: ProviderOptions, client: KubeClient) -> Built:
     if options.webhook_port:
         _check_webhook_certs(options.webhook_cert_dir)
         manager.cache_before_leader(LIBVIRT_CLUSTER)
+        manager.cache_before_leader(LIBVIRT_MACHINE)  # the in-place update extension
+        app = create_app(clusters=_CachedClusters(manager), images=None)
+        mount_in_place_extension(app, machines=_CachedMachines(manager))
         server = WebhookServer(
-            app=create_app(clusters=_CachedClusters(manager), images=None),
+            app=app,
             cert_dir=Path(options.webhook_cert_dir),
             host=options.webhook_host,
             port=options.webhook_port,

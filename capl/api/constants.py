@@ -141,6 +141,10 @@ class ConditionType(StrEnum):
     IP_ADDRESSES_CLAIMED = "IPAddressesClaimed"
     """Only on machines with networkInterfaces[].addressesFromPools: every IPAddressClaim is
     bound (Cluster API IPAM). No domain is made while it is False."""
+    HARDWARE_UPDATED = "HardwareUpdated"
+    """Day-2 changes (cpus, memory, disk sizes, extra disks, NICs) applied to the running
+    domain; False while some wait for the next power cycle or failed (not part of Ready).
+    Absent until the spec first changes after creation."""
     # LibvirtMachineMigration.
     SUCCEEDED = "Succeeded"
 
@@ -220,6 +224,10 @@ class Reason(StrEnum):
     MIGRATION_FAILED = "MigrationFailed"
     MIGRATION_ABORTED = "MigrationAborted"
     NOT_MIGRATING = "NotMigrating"
+    HARDWARE_APPLIED = "HardwareApplied"
+    RESTART_REQUIRED = "RestartRequired"
+    HARDWARE_UPDATE_FAILED = "HardwareUpdateFailed"
+    NOT_IN_PLACE = "NotInPlace"
     NO_TARGET_HOST = "NoTargetHost"
     WAITING_FOR_MIGRATION = "WaitingForMigration"
     EVACUATING = "Evacuating"

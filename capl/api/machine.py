@@ -14,6 +14,11 @@ Design notes:
   and gives the bound IPAddress to the guest: a DHCP reservation where capl runs the DHCP
   (the cluster network in nat/isolated mode), else static network configuration in the
   Ignition config or the NoCloud `network-config`. Exclusive with `ip`.
+- Day-2 changes (`capl.controllers.machine.day2`): `cpus`, `memoryMiB` (up to `maxCPUs` /
+  `maxMemoryMiB`), `rootVolume.sizeGiB` and `extraDisks[].sizeGiB` (grow only: a shrink is
+  refused by the API server, naming the field), extra disks and NICs added or removed at the
+  end of the list are applied to the running domain (live and persistent); what the guest
+  cannot take live waits for the next power cycle (the HardwareUpdated condition says so).
 - Live migration moves a domain to another host, so `hostName` is immutable *except* along
   a migration: the migration controller first records the destination in
   `spec.migrationTarget` (before any libvirt call; while it is set the machine controller
@@ -182,6 +187,17 @@ class LibvirtMachineSpec(K8sModel):
                     field_path=".providerID",
                 ),
                 TOPOLOGY_RULE,
+                cel(
+                    "!has(self.maxCPUs) || !has(self.cpus) || self.cpus <= self.maxCPUs",
+                    "cpus must not exceed maxCPUs",
+                    field_path=".cpus",
+                ),
+                cel(
+                    "!has(self.maxMemoryMiB) || !has(self.memoryMiB)"
+                    " || self.memoryMiB <= self.maxMemoryMiB",
+                    "memoryMiB must not exceed maxMemoryMiB",
+                    field_path=".memoryMiB",
+                ),
             ]
         )
     }
@@ -197,6 +213,14 @@ class LibvirtMachineSpec(K8sModel):
     """Number of virtual CPUs."""
     memory_mib: int = Field(default=4096, ge=64, le=4194304, alias="memoryMiB")
     """Memory in MiB (at least 64)."""
+    max_cpus: int | None = Field(default=None, ge=1, le=512, alias="maxCPUs")
+    """Most vCPUs `cpus` may be raised to on the running machine: the domain is defined with
+    this many vCPUs of which `cpus` are online, and a raise is hot-plugged. Default: `cpus`
+    (a raise then takes effect at the next power cycle)."""
+    max_memory_mib: int | None = Field(default=None, ge=64, le=4194304, alias="maxMemoryMiB")
+    """Most memory `memoryMiB` may be raised to on the running machine (the balloon gives
+    the guest `memoryMiB` of it; a raise deflates the balloon). Default: `memoryMiB` (a
+    raise then takes effect at the next power cycle)."""
     image: ImageSource
     """Base image of the root disk."""
     root_volume: RootVolume | None = None
@@ -244,6 +268,14 @@ class LibvirtMachineSpec(K8sModel):
     xml_patches: list[XMLPatch] | None = Field(default=None, max_length=32, alias="xmlPatches")
     """Restricted changes of the generated domain XML (see capl.api.hardware.XMLPatch)."""
 
+    @model_validator(mode="after")
+    def _within_maxima(self) -> Self:
+        if self.max_cpus is not None and self.cpus > self.max_cpus:
+            raise ValueError("cpus must not exceed maxCPUs")
+        if self.max_memory_mib is not None and self.memory_mib > self.max_memory_mib:
+            raise ValueError("memoryMiB must not exceed maxMemoryMiB")
+        return self
+
 
 # Transition rules of a LibvirtMachine's spec (not of templates: see the module docstring).
 MACHINE_SPEC_TRANSITION_RULES = (
@@ -278,6 +310,21 @@ MACHINE_SPEC_TRANSITION_RULES = (
     ),
     immutable_once_set("providerID"),
     immutable_once_set("domainUUID"),
+    cel(
+        "!has(oldSelf.rootVolume) || (has(self.rootVolume)"
+        " && self.rootVolume.sizeGiB >= oldSelf.rootVolume.sizeGiB)",
+        "rootVolume.sizeGiB cannot shrink (a disk only grows in place) and cannot be removed",
+        field_path=".rootVolume.sizeGiB",
+        reason="FieldValueForbidden",
+    ),
+    cel(
+        "!has(oldSelf.extraDisks) || !has(self.extraDisks) || self.extraDisks.all(d,"
+        " oldSelf.extraDisks.all(o, o.name != d.name || d.sizeGiB >= o.sizeGiB))",
+        "extraDisks[].sizeGiB cannot shrink (a disk only grows in place; remove the disk"
+        " and add one under another name instead)",
+        field_path=".extraDisks",
+        reason="FieldValueForbidden",
+    ),
 )
 
 

@@ -182,9 +182,13 @@ def _identity(root: ET.Element, spec: DomainSpec, domain_uuid: str) -> None:
         sub(root, "description", text(spec.description, field="domain description"))
     metadata = sub(root, "metadata")
     metadata.append(build_owner_metadata(spec.owner))
-    sub(root, "memory", str(spec.memory_mib), unit="MiB")
+    max_memory = max(spec.memory_mib, spec.max_memory_mib or 0)
+    sub(root, "memory", str(max_memory), unit="MiB")
     sub(root, "currentMemory", str(spec.memory_mib), unit="MiB")
-    sub(root, "vcpu", str(spec.vcpus), placement="static")
+    max_vcpus = max(spec.vcpus, spec.max_vcpus or 0)
+    vcpu = sub(root, "vcpu", str(max_vcpus), placement="static")
+    if max_vcpus > spec.vcpus:
+        vcpu.set("current", str(spec.vcpus))  # the rest hot-pluggable (day-2)
 
 
 def _sysinfo(root: ET.Element, spec: DomainSpec, domain_uuid: str) -> None:
@@ -292,3 +296,19 @@ def build_domain_xml(spec: DomainSpec, *, drivers: Mapping[str, PoolDriver] = PO
     _devices(root, spec, drivers)
     apply_hardware(root, spec.hardware)  # CPU, devices, TPM, secure boot; XML patches last
     return serialize(root)
+
+
+def disk_device_xml(
+    disk: DiskSpec, target: str, *, drivers: Mapping[str, PoolDriver] = POOL_DRIVERS
+) -> str:
+    """One ``<disk>`` as a domain definition has it, for hot-plugging (capl.virt.day2)."""
+    holder = ET.Element("devices")
+    _disk(holder, disk, target, 0, drivers)
+    return serialize(holder[0])
+
+
+def nic_device_xml(nic: NicSpec) -> str:
+    """One ``<interface>`` as a domain definition has it, for hot-plugging (capl.virt.day2)."""
+    holder = ET.Element("devices")
+    _nic(holder, nic, 0)
+    return serialize(holder[0])

@@ -59,6 +59,7 @@ from capl.virt import domain as domains
 from capl.virt import network as networks
 from capl.virt.connection import HostConnection
 from capl.virt.counting import forget_lookups
+from capl.virt.day2 import Day2Operations
 from capl.virt.errors import is_unsupported_flags
 from capl.virt.images import ImageImporter
 from capl.virt.pools import PoolDrivers
@@ -86,7 +87,7 @@ def _best_type(types: Sequence[str]) -> str:
     return types[0] if types else "qemu"
 
 
-class LibvirtHost:
+class LibvirtHost(Day2Operations):
     def __init__(self, connection: HostConnection, *, importer: ImageImporter) -> None:
         self._conn = connection
         self._importer = importer

@@ -430,11 +430,13 @@ async def start_management(
     workdir: Path,
     capl_args: Sequence[str] = CAPL_E2E_ARGS,
     resolv_conf: Path | None = None,
+    core_feature_gates: Mapping[str, bool] | None = None,
 ) -> Management:
     """Control plane + `clusterctl init --infrastructure libvirt` + the Cluster API core
     manager + `capl manager` with its webhooks, all ready. Wall times in `.timings` and in
     the terminal summary. resolv_conf: the resolver of the core manager and of capl's (both
-    connect to workload clusters by their endpoint's name)."""
+    connect to workload clusters by their endpoint's name). core_feature_gates: merged over the
+    core manager's defaults (e.g. RuntimeSDK and InPlaceUpdates)."""
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     plane = await plane_factory()  # stopped by the factory
@@ -444,7 +446,9 @@ async def start_management(
     )
     await clusterctl.init(plane)
     t2 = time.monotonic()
-    core = CapiCore(plane=plane, capi=capi, workdir=workdir / "capi-core")
+    core = CapiCore(
+        plane=plane, capi=capi, workdir=workdir / "capi-core", feature_gates=core_feature_gates
+    )
     core.resolv_conf = resolv_conf
     try:
         await core.start()

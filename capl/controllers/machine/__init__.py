@@ -17,6 +17,7 @@ providers such as CAPMOX: a thin controller, a scope, services by concern):
     bootstrap    BootstrapSucceeded through the guest agent
     cleanup      what vanished objects left, the orphan sweep
     delete       shutdown, undefine, volumes and network entries
+    day2         a spec changed after creation applied to the domain (day2_plan: what)
     plan*        the pure planning core: no I/O, no clock (plan, plan_placement,
                  plan_addresses, plan_orphans)
 

@@ -24,6 +24,7 @@ orphan sweep's sightings (`orphans`) and what clean-ups removed (`removed`, diag
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from capl.controllers.machine.bootstrap import BootstrapMemory
 from capl.controllers.machine.plan_orphans import OrphanTracker
@@ -49,6 +50,8 @@ class MachineMemory:
     made: Leftover | None = None
     orphans: dict[str, Leftover] = field(default_factory=dict)
     bootstrap: BootstrapMemory | None = None
+    day2: tuple[Any, ...] | None = None
+    """The spec fingerprint (`day2_plan.fingerprint`) the domain was last found to match."""
 
 
 class OwnStarts:

@@ -61,6 +61,7 @@ __all__ = [
     "ensure_network_entries",
     "remove_network_entries",
     "reserve_addresses",
+    "reserve_nic",
 ]
 
 log = structlog.get_logger(LOGGER)
@@ -106,6 +107,23 @@ async def reserve_addresses(
     fault_point("dhcp-reserved")
     fault_point("dns-recorded")
     return nics
+
+
+async def reserve_nic(ctx: Context, target: Target, nic: NicPlan, ident: Identity) -> str:
+    """The MAC of a NIC added to an existing machine (capl.controllers.machine.day2), with
+    its DHCP reservation when it is on the cluster network (as `reserve_addresses`)."""
+    if nic.cluster_network and target.network:
+        mac, _ip = await _reserve(
+            target.host, target.network, nic, ident, _recorded_ips(ctx, ident), ()
+        )
+        return mac
+    return nic.mac or nic_mac(
+        cluster=ident.cluster,
+        namespace=ident.namespace,
+        name=ident.name,
+        index=nic.index,
+        attempt=0,
+    )
 
 
 def _recorded_ips(ctx: Context, ident: Identity) -> set[str]:

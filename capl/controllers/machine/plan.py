@@ -364,6 +364,8 @@ def build_domain_spec(
         owner=owner,
         vcpus=spec.cpus,
         memory_mib=spec.memory_mib,
+        max_vcpus=spec.max_cpus,
+        max_memory_mib=spec.max_memory_mib,
         domain_type=domain_type,
         arch=arch,
         title=f"{owner.namespace}/{owner.name}",

@@ -64,6 +64,7 @@ from capl.controllers.common import (
 from capl.controllers.machine import (
     cleanup,
     create,
+    day2,
     delete,
     domain,
     guest,
@@ -298,6 +299,8 @@ class LibvirtMachineReconciler:
         7. identity             (the spec patch: hostName, domainUUID, providerID, placement)
         8. domain               DomainProvisioned: Running, DomainRecreated, DomainRestarted,
                                 DomainNotRunning, or the libvirt error's reason
+        8b. day-2 changes       HardwareUpdated: HardwareApplied, RestartRequired,
+                                NotInPlace, HardwareUpdateFailed (`day2`)
         9. network entries      (Events NetworkEntriesRestored/RestoreFailed; a retry)
         10. addresses           AddressAssigned: Assigned, WaitingForAddress
         11. workload Node       (its providerID; requeued every node_poll)
@@ -331,6 +334,7 @@ class LibvirtMachineReconciler:
         outcome = await domain.ensure_domain(scope)  # 8
         if isinstance(outcome, Result):
             return await scope.close(outcome)
+        changed_retry = await day2.apply_changes(scope, outcome)  # 8b
         restore_retry = await network.ensure_network_entries(  # 9
             scope, outcome.observed, made=outcome.created
         )
@@ -343,7 +347,7 @@ class LibvirtMachineReconciler:
             if node_retry is not None:
                 result = node_retry
             result = await guest.watch_bootstrap(scope, result)  # 12
-        result = await scope.close(_earlier(result, restore_retry))
+        result = await scope.close(_earlier(_earlier(result, restore_retry), changed_retry))
         if outcome.created:
             fault_point("status-written")
         return result

@@ -8,6 +8,7 @@ holds one object kind, its values and its part of the ``Host`` Protocol together
 - ``identity``: ``HostId``, the owners (``ClusterOwner``, ``DomainOwner``), the XML namespace;
 - ``storage``: pools, volumes, base images (``HostStorage``);
 - ``networks``: networks, DHCP reservations, DNS records, leases (``HostNetworks``);
+- ``day2``: changes of a defined domain without replacing it (``HostDay2``);
 - ``domains``: the domain spec and what is read back: state, NICs, addresses, guest files
   (``HostDomains``);
 - ``events``: domain lifecycle and host connection events, ``Subscription``;
@@ -58,6 +59,7 @@ Idempotency contract
 
 from __future__ import annotations
 
+from capl.ports.virt.day2 import Applied, DomainDisk, DomainResources, HostDay2
 from capl.ports.virt.domains import (
     AddressSource,
     DiskBus,
@@ -157,6 +159,7 @@ __all__ = [
     "DIR_POOL",
     "AbortReason",
     "AddressSource",
+    "Applied",
     "BaseImage",
     "ClusterOwner",
     "CpuSpec",
@@ -166,6 +169,7 @@ __all__ = [
     "DiskDevice",
     "DiskSpec",
     "DnsHost",
+    "DomainDisk",
     "DomainEvent",
     "DomainEventKind",
     "DomainHardware",
@@ -173,6 +177,7 @@ __all__ = [
     "DomainLocation",
     "DomainNic",
     "DomainOwner",
+    "DomainResources",
     "DomainSpec",
     "DomainState",
     "Firmware",
@@ -181,6 +186,7 @@ __all__ = [
     "GuestFileState",
     "Host",
     "HostCell",
+    "HostDay2",
     "HostDomains",
     "HostEvent",
     "HostEventKind",

@@ -90,6 +90,11 @@ class DomainSpec:
     owner: DomainOwner
     vcpus: int
     memory_mib: int
+    max_vcpus: int | None = None
+    """vCPUs the domain can hot-plug up to (``<vcpu current=vcpus>max_vcpus``); None: vcpus."""
+    max_memory_mib: int | None = None
+    """The domain's memory size, of which the balloon gives the guest ``memory_mib``
+    (``<memory>``/``<currentMemory>``); None: memory_mib."""
     domain_type: str = "kvm"
     arch: str = "x86_64"
     machine: str | None = None

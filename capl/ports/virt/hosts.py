@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from capl.ports.virt.day2 import HostDay2
 from capl.ports.virt.domains import HostDomains
 from capl.ports.virt.events import Subscription, VirtEventListener
 from capl.ports.virt.hardware import HostHardwarePart
@@ -53,7 +54,7 @@ class HostInfo:
     """Firmware paths the domain capabilities list (empty when not reported)."""
 
 
-class Host(HostStorage, HostNetworks, HostDomains, HostHardwarePart, Protocol):
+class Host(HostStorage, HostNetworks, HostDomains, HostHardwarePart, HostDay2, Protocol):
     """One KVM host. Coroutine methods; typed errors; not-found on delete is success."""
 
     @property

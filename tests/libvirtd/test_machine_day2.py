@@ -1,0 +1,225 @@
+"""Day-2 changes of a running LibvirtMachine on the real libvirtd with the test guest (TCG):
+one machine (one guest boot) goes through every change in turn, and the guest itself is
+asked what it sees, on its serial console's shell (hack/guest/inittab):
+
+- the root disk grown 1 -> 2 GiB (QEMU's block resize: /sys/block/vda/size), an extra disk
+  hot-plugged (/sys/block/vdb, its serial the disk's name), a NIC hot-plugged (eth1), one
+  vCPU hot-plugged up to maxCPUs (cpu1 present; onlined by the guest), memory raised within
+  maxMemoryMiB (the balloon target; the test guest loads no balloon driver, so neither its
+  MemTotal nor libvirt's live balloon size shows it: the persistent definition is checked);
+- admission: a shrinking rootVolume.sizeGiB and cpus above maxCPUs are refused by the API
+  server naming the field, and nothing changes;
+- the disk and NIC removed again (unplugged live, the volume deleted);
+- the reboot path: cpus above the maximum the running QEMU was started with wait for the
+  next power cycle (HardwareUpdated False/RestartRequired); the domain destroyed (a power
+  cycle), the controller starts it again with the vCPUs and the condition turns True;
+- the machine deleted with nothing left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import select
+import time
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
+
+import libvirt
+import pytest
+
+from capl.api import constants as c
+from capl.runtime.errors import ApiError
+from capl.runtime.resources import LIBVIRT_MACHINE
+from capl.testing.harness import ControllerHarness
+from capl.testing.objects import condition_of
+from tests.controllers.conftest import harness, leftovers
+from tests.fixtures.libvirt import record_timing
+from tests.libvirtd.test_machine_real import SETUP, URI, guest_spec
+
+__all__ = ["harness"]  # fixtures used by this module
+
+pytestmark = [pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
+
+BOOT_TIMEOUT = 300.0  # TCG on two shared cores, under load
+GIB = 1024**3
+
+
+@pytest.fixture
+async def real(harness: ControllerHarness, libvirtd_uri: str) -> ControllerHarness:
+    await harness.start(SETUP)
+    return harness
+
+
+def _console(domain: libvirt.virDomain, command: str, *, timeout: float = 10.0) -> str | None:
+    """Run `command` in the guest's console shell; its output (words joined by spaces), or
+    None when no answer came within `timeout` (the shell is not up yet)."""
+    root = ElementTree.fromstring(domain.XMLDesc(0))
+    source = root.find("./devices/serial[@type='pty']/source")
+    assert source is not None, "no serial console"
+    assert source.get("path"), "no serial pty"
+    tag = "T" + secrets.token_hex(3)
+    # the shell computes the markers: the echoed command line never matches
+    line = f"echo {tag}$((1+1)) $({command}) {tag}$((1+2))"
+    pattern = re.compile(rf"{tag}2 (.*?) ?{tag}3")
+    fd = os.open(str(source.get("path")), os.O_RDWR | os.O_NOCTTY)
+    try:
+        os.write(fd, b"\n" + line.encode() + b"\n")
+        seen = b""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = pattern.search(seen.decode("utf-8", "replace"))
+            if found:
+                return found.group(1).strip()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+            if ready:
+                seen += os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+async def _guest_sees(
+    domain: libvirt.virDomain, command: str, expect: Any, *, within: float = 60.0
+) -> str:
+    """Ask the guest until `expect(answer)` holds (a hot-plug reaches the guest a little
+    after libvirt returns)."""
+    deadline = time.monotonic() + within
+    while True:
+        answer = await asyncio.to_thread(_console, domain, command)
+        if answer is not None and expect(answer):
+            return answer
+        assert time.monotonic() < deadline, f"guest: {command!r} -> {answer!r}"
+        await asyncio.sleep(0.5)
+
+
+def _hardware_updated(generation: int | None = None, status: str = "True") -> Any:
+    def check(obj: dict[str, Any]) -> bool:
+        cond = condition_of(obj, c.ConditionType.HARDWARE_UPDATED)
+        wanted = generation or obj["metadata"]["generation"]
+        return bool(
+            cond.get("status") == status
+            and cond.get("observedGeneration") == wanted
+            and (obj.get("status") or {}).get("observedGeneration") == wanted
+        )
+
+    return check
+
+
+async def _change(h: ControllerHarness, name: str, spec: dict[str, Any], **wait: Any) -> Any:
+    changed = await h.patch(LIBVIRT_MACHINE, name, {"spec": spec})
+    generation = changed["metadata"]["generation"]
+    return await h.wait_for(
+        LIBVIRT_MACHINE,
+        name,
+        _hardware_updated(generation, **wait),
+        within=90,
+        what=f"HardwareUpdated after {spec}",
+    )
+
+
+def _refused(exc: pytest.ExceptionInfo[ApiError], field: str) -> None:
+    assert exc.value.code == 422, exc.value
+    assert field in str(exc.value), exc.value
+
+
+async def test_day2_changes_reach_the_running_guest(
+    real: ControllerHarness, guest_image: Path, libvirtd_conn: libvirt.virConnect
+) -> None:
+    h = real
+    cluster = await h.make_cluster(
+        hosts=[{"name": "kvm1", "uri": URI}], dns_domain="day2.example", base_image=False
+    )
+    network = str(cluster.layout_model().spec.network.name)  # type: ignore[union-attr]
+    spec = guest_spec(guest_image, maxCPUs=2, maxMemoryMiB=384, rootVolume={"sizeGiB": 1})
+    m = await h.make_machine(cluster, "day2-node", spec=spec)
+    begin = time.monotonic()
+    obj = await h.wait_ready(m.name, within=BOOT_TIMEOUT)
+    record_timing("day-2 machine create to Ready (TCG)", time.monotonic() - begin)
+    dom = libvirtd_conn.lookupByUUIDString(obj["spec"]["domainUUID"])
+    assert condition_of(obj, c.ConditionType.HARDWARE_UPDATED) == {}  # nothing changed yet
+    await _guest_sees(dom, "cat /sys/devices/system/cpu/present", lambda a: a == "0")
+    await _guest_sees(dom, "cat /sys/block/vda/size", lambda a: a == str(GIB // 512))
+
+    # grow the root disk, add a disk and a NIC, one more vCPU, more memory: all live
+    started = time.monotonic()
+    await _change(
+        h,
+        m.name,
+        {
+            "rootVolume": {"sizeGiB": 2},
+            "extraDisks": [{"name": "data", "sizeGiB": 1}],
+            "networkInterfaces": [{}, {"network": network}],
+            "cpus": 2,
+            "memoryMiB": 320,
+        },
+    )
+    record_timing("day-2 change applied (condition True)", time.monotonic() - started)
+    await _guest_sees(dom, "cat /sys/block/vda/size", lambda a: a == str(2 * GIB // 512))
+    await _guest_sees(
+        dom, "cat /sys/block/vdb/size /sys/block/vdb/serial", lambda a: a == f"{GIB // 512} data"
+    )
+    await _guest_sees(dom, "ls /sys/class/net", lambda a: a.split() == ["eth0", "eth1", "lo"])
+    await _guest_sees(dom, "cat /sys/devices/system/cpu/present", lambda a: a == "0-1")
+    online = "echo 1 > /sys/devices/system/cpu/cpu1/online; cat /sys/devices/system/cpu/online"
+    await _guest_sees(dom, online, lambda a: a == "0-1")
+    record_timing("day-2 change seen by the guest", time.monotonic() - started)
+    # memory: the live definition reports the balloon's actual size, which stays at the
+    # domain's size without a balloon driver in the guest; the persistent target is set
+    config = ElementTree.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+    assert config.findtext("currentMemory") == str(320 * 1024)
+    assert config.findtext("memory") == str(384 * 1024)
+    assert config.find("vcpu").get("current") in (None, "2")  # type: ignore[union-attr]
+    assert len(config.findall("./devices/interface")) == 2  # persistent as well
+    assert [s.text for s in config.findall("./devices/disk/serial")] == ["data"]
+
+    # admission: no shrinking, nothing above the declared maximum
+    with pytest.raises(ApiError) as shrink:
+        await h.patch(LIBVIRT_MACHINE, m.name, {"spec": {"rootVolume": {"sizeGiB": 1}}})
+    _refused(shrink, "rootVolume.sizeGiB")
+    with pytest.raises(ApiError) as shrink_extra:
+        await h.patch(
+            LIBVIRT_MACHINE, m.name, {"spec": {"extraDisks": [{"name": "data", "sizeGiB": 0}]}}
+        )
+    assert shrink_extra.value.code == 422
+    with pytest.raises(ApiError) as above:
+        await h.patch(LIBVIRT_MACHINE, m.name, {"spec": {"cpus": 3}})
+    _refused(above, "cpus")
+
+    # remove the disk and the NIC again: unplugged live, the volume deleted
+    started = time.monotonic()
+    await _change(h, m.name, {"extraDisks": None, "networkInterfaces": None})
+    await _guest_sees(dom, "ls /sys/block", lambda a: "vdb" not in a.split())
+    await _guest_sees(dom, "ls /sys/class/net", lambda a: a.split() == ["eth0", "lo"])
+    pool_name = cluster.layout_model().spec.storage_pool.name  # type: ignore[union-attr]
+    pool = libvirtd_conn.storagePoolLookupByName(str(pool_name))
+    pool.refresh(0)
+    assert not [v for v in pool.listAllVolumes(0) if "-disk-data" in v.name()]
+    record_timing("day-2 removal seen by the guest", time.monotonic() - started)
+
+    # above what the running QEMU was started with: at the next power cycle, said so
+    started = time.monotonic()
+    obj = await _change(h, m.name, {"cpus": 3, "maxCPUs": 3}, status="False")
+    cond = condition_of(obj, c.ConditionType.HARDWARE_UPDATED)
+    assert cond["reason"] == c.Reason.RESTART_REQUIRED, cond
+    assert "cpus=3" in cond["message"], cond
+    await asyncio.to_thread(dom.destroy)  # the power cycle (the controller starts it again)
+    await h.wait_for(
+        LIBVIRT_MACHINE,
+        m.name,
+        lambda o: condition_of(o, c.ConditionType.HARDWARE_UPDATED).get("status") == "True",
+        within=BOOT_TIMEOUT,
+        what="HardwareUpdated True after the power cycle",
+    )
+    # the new QEMU process has the three vCPUs (what the guest makes of them after its boot
+    # is the same as at any boot: not waited for here, it would cost a second TCG boot)
+    assert ElementTree.fromstring(dom.XMLDesc(0)).findtext("vcpu") == "3"
+    record_timing("day-2 power cycle path", time.monotonic() - started)
+
+    await h.delete_machine(m.name, within=90)
+    assert await leftovers(h, cluster, m.name, uri=URI) == []
