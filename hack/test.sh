@@ -56,12 +56,14 @@ run_stage() {
 	return "$status"
 }
 
-# run_lane STAGE...: the stages one after another; stops at the first that fails.
+# run_lane STAGE...: the stages one after another, each whatever the one before did (a red
+# run still tells every stage's result); fails when one failed.
 run_lane() {
-	local stage
+	local stage status=0
 	for stage in "$@"; do
-		run_stage "$stage" || return 1
+		run_stage "$stage" || status=1
 	done
+	return "$status"
 }
 
 failed=0
