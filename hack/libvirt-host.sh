@@ -100,6 +100,11 @@ configure() {
 	set_key "$CONF_DIR/qemu.conf" group '"root"'
 	set_key "$CONF_DIR/qemu.conf" dynamic_ownership 0
 	set_key "$CONF_DIR/qemu.conf" security_driver '"none"'
+	# swtpm (spec.tpm) as root like QEMU: libvirt's default user `tss` is taken when it exists
+	# at the daemon's start, so a daemon started before swtpm-tools was installed ran it as root
+	# and one restarted later as tss, which then could not use the root-owned local CA files
+	set_key "$CONF_DIR/qemu.conf" swtpm_user '"root"'
+	set_key "$CONF_DIR/qemu.conf" swtpm_group '"root"'
 	# Warnings and errors to a file we can show when the daemon will not start.
 	set_key "$CONF_DIR/libvirtd.conf" log_outputs "\"3:file:$LIBVIRTD_LOG\""
 	set_key "$CONF_DIR/virtlogd.conf" log_outputs "\"3:file:$VIRTLOGD_LOG\""
