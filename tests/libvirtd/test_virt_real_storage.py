@@ -40,14 +40,23 @@ MIB = 1024**2
 
 
 @pytest.fixture
-def pool_names(libvirtd_conn: libvirt.virConnect) -> Iterator[list[str]]:
-    """Pool names a test may create; each is removed afterwards no matter what."""
+def pool_names(
+    libvirtd_conn: libvirt.virConnect, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[str]]:
+    """Pool names a test may create; each is removed afterwards no matter what. No transient
+    import pool over this session's temporary directories may be left (import pools of other
+    stages running beside this one, over their own directories, are not this test's)."""
     names: list[str] = []
     yield names
     for name in names:
         remove_pool(libvirtd_conn, name)
-    leftovers = [p.name() for p in libvirtd_conn.listAllStoragePools(0)]
-    assert not [n for n in leftovers if n.startswith("capl-import-")], leftovers
+    ours = str(tmp_path_factory.getbasetemp())
+    leftovers = [
+        p.name()
+        for p in libvirtd_conn.listAllStoragePools(0)
+        if p.name().startswith("capl-import-") and ours in p.XMLDesc(0)
+    ]
+    assert not leftovers, leftovers
 
 
 @pytest.fixture
