@@ -161,18 +161,25 @@ class LeaderElector:
             return False
 
     async def _bounded(self, coro: Awaitable[T], deadline: float) -> T:
-        """Await `coro`, giving up (TimeoutError) at `deadline` on our clock."""
+        """Await `coro`, giving up (TimeoutError) at `deadline` on our clock.
+
+        A cancellation of the caller (the manager stopping `hold`) stays a cancellation: it
+        once became a TimeoutError here when it came during a request, `hold` took it for a
+        failed renewal and went on renewing, and the manager's shutdown waited for it forever."""
         work = asyncio.ensure_future(coro)
         timer = asyncio.ensure_future(self.clock.sleep(max(0.0, deadline - self.clock.now())))
         try:
             await asyncio.wait({work, timer}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
         finally:
             timer.cancel()
-            if not work.done():
-                work.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await work
-                raise TimeoutError
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work
+            raise TimeoutError
         return work.result()
 
     async def _try_acquire_or_renew(self) -> bool:

@@ -106,3 +106,27 @@ async def test_racing_candidates_get_one_winner() -> None:
     electors = [elector(api, clock, f"c{i}") for i in range(5)]
     results = await asyncio.gather(*(e._try_acquire_or_renew() for e in electors))
     assert sum(results) == 1
+
+
+async def test_cancelling_hold_during_a_renewal_request_ends_it() -> None:
+    """The manager stops `hold` by cancelling it; a renewal request in flight at that moment
+    must not turn the cancellation into a failed renewal (`hold` would go on renewing and the
+    manager's shutdown wait for it forever: seen in tests/kube)."""
+    api, clock = FakeApi(), FakeClock()
+    a = elector(api, clock, "a")
+    await a.acquire()
+    requested = asyncio.Event()
+    never = asyncio.Event()
+
+    async def hanging_get(key: ObjectKey) -> object:
+        requested.set()
+        await never.wait()  # a request the API server does not answer
+        raise AssertionError("not reached")
+
+    a.client.get = hanging_get  # type: ignore[method-assign]
+    hold = asyncio.create_task(a.hold())
+    await advance_until(clock, requested.is_set, step=0.25)
+    hold.cancel()
+    done, _ = await asyncio.wait({hold}, timeout=5.0)
+    assert done, "hold went on after being cancelled"
+    assert hold.cancelled()
