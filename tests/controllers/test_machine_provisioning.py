@@ -47,8 +47,12 @@ def _xml(uuid_: str) -> ElementTree.Element:
 
 async def test_cloud_config_machine_becomes_ready(harness: ControllerHarness) -> None:
     cluster = await harness.make_cluster(dns_domain="lab.example")
-    await harness.start(SETUP)
+    # The objects exist before the manager starts, so its first reconcile sees all three
+    # (the write count below is exact). Created after the start, the LibvirtMachine's watch
+    # event can overtake the bootstrap Secret's on a loaded machine: that reconcile then
+    # rightly writes the finalizer and WaitingForBootstrapData first (CI of stop 23 saw it).
     m = await harness.make_machine(cluster, "worker-0", bootstrap=b"#cloud-config\nhostname: x\n")
+    await harness.start(SETUP)
     obj = await harness.wait_ready(m.name)
 
     spec, status = obj["spec"], obj["status"]
