@@ -5,8 +5,8 @@ asked what it sees, on its serial console's shell (hack/guest/inittab):
 - the root disk grown 1 -> 2 GiB (QEMU's block resize: /sys/block/vda/size), an extra disk
   hot-plugged (/sys/block/vdb, its serial the disk's name), a NIC hot-plugged (eth1), one
   vCPU hot-plugged up to maxCPUs (cpu1 present; onlined by the guest), memory raised within
-  maxMemoryMiB (the balloon target; the test guest loads no balloon driver, so neither its
-  MemTotal nor libvirt's live balloon size shows it: the persistent definition is checked);
+  maxMemoryMiB (the balloon deflated: the guest's MemTotal grows by the difference; the
+  test guest loads virtio_balloon, hack/guest/modules.boot);
 - admission: a shrinking rootVolume.sizeGiB and cpus above maxCPUs are refused by the API
   server naming the field, and nothing changes;
 - the disk and NIC removed again (unplugged live, the volume deleted);
@@ -132,6 +132,13 @@ async def _guest_sees(
         await asyncio.sleep(0.5)
 
 
+async def _eventually(check: Callable[[], bool], what: str, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while not await asyncio.to_thread(check):
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.5)
+
+
 def _hardware_updated(generation: int | None = None, status: str = "True") -> Any:
     def check(obj: dict[str, Any]) -> bool:
         cond = condition_of(obj, c.ConditionType.HARDWARE_UPDATED)
@@ -171,6 +178,7 @@ def _assert_no_snapshot(
     assert root.info()[1] == root_gib * GIB  # the merge carried the grown size down
 
 
+MEM_TOTAL = "grep MemTotal /proc/meminfo | tr -dc 0-9"  # KiB
 MARK_SECTOR = 2 * GIB // 512 - 8  # the last 4 KiB of the 2 GiB root disk: unused by FAT
 READ_MARK = (
     f"echo 3 > /proc/sys/vm/drop_caches; dd if=/dev/vda bs=512 skip={MARK_SECTOR} count=1"
@@ -253,6 +261,10 @@ async def test_day2_changes_reach_the_running_guest(
     assert condition_of(obj, c.ConditionType.HARDWARE_UPDATED) == {}  # nothing changed yet
     await _guest_sees(dom, "cat /sys/devices/system/cpu/present", lambda a: a == "0")
     await _guest_sees(dom, "cat /sys/block/vda/size", lambda a: a == str(GIB // 512))
+    # the balloon holds back maxMemoryMiB - memoryMiB = 128 MiB (inflated once the driver
+    # loads; libvirt's actual balloon size says when it is done)
+    await _eventually(lambda: dom.info()[2] == 256 * 1024, "the balloon inflated to 256 MiB")
+    mem_total = int(await _guest_sees(dom, MEM_TOTAL, lambda a: 0 < int(a or 0) < 256 * 1024))
 
     # grow the root disk, add a disk and a NIC, one more vCPU, more memory: all live
     started = time.monotonic()
@@ -276,13 +288,14 @@ async def test_day2_changes_reach_the_running_guest(
     await _guest_sees(dom, "cat /sys/devices/system/cpu/present", lambda a: a == "0-1")
     online = "echo 1 > /sys/devices/system/cpu/cpu1/online; cat /sys/devices/system/cpu/online"
     await _guest_sees(dom, online, lambda a: a == "0-1")
+    # memory 256 -> 320 MiB: the balloon gives the guest 64 MiB back, live
+    await _guest_sees(dom, MEM_TOTAL, lambda a: abs(int(a or 0) - mem_total - 64 * 1024) < 1024)
     record_timing("day-2 change seen by the guest", time.monotonic() - started)
     pool_name = cluster.layout_model().spec.storage_pool.name  # type: ignore[union-attr]
     pool = libvirtd_conn.storagePoolLookupByName(str(pool_name))
     # made under a snapshot, merged away: the domain on its own volume, grown to 2 GiB
     _assert_no_snapshot(dom, pool, root_gib=2)
-    # memory: the live definition reports the balloon's actual size, which stays at the
-    # domain's size without a balloon driver in the guest; the persistent target is set
+    assert dom.info()[2] == 320 * 1024  # the balloon's actual size (KiB)
     config = ElementTree.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
     assert config.findtext("currentMemory") == str(320 * 1024)
     assert config.findtext("memory") == str(384 * 1024)
