@@ -16,11 +16,13 @@ asked what it sees, on its serial console's shell (hack/guest/inittab):
   (root disk grown and a disk hot-plugged, then a NIC on a network that does not exist) is
   reverted: the guest is restarted from its disk as it was (its size, a marker written after
   the snapshot gone), the hot-plugged disk's volume deleted, HardwareUpdated
-  False/HardwareReverted with a Warning event; the growth alone then works;
+  False/HardwareReverted with a Warning event; the growth alone then works; a change left
+  unfinished (its snapshot and a growth made by hand, as a manager dying mid-change leaves
+  them) is finished by the next reconcile (merged, the growth kept);
 - the reboot path: cpus above the maximum the running QEMU was started with wait for the
   next power cycle (HardwareUpdated False/RestartRequired); the domain destroyed (a power
   cycle), the controller starts it again with the vCPUs and the condition turns True;
-- the machine deleted with nothing left.
+- the machine deleted with nothing left (a change's snapshot left on it included).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import libvirt
 import pytest
 
 from capl.api import constants as c
+from capl.controllers.machine.day2_snapshot import DAY2_SNAPSHOT
 from capl.ports.virt import Host
 from capl.ports.virt.snapshots import SnapshotInfo
 from capl.runtime.errors import ApiError
@@ -82,7 +85,7 @@ class _AfterSnapshot:
 
 @pytest.fixture
 async def real(harness: ControllerHarness, libvirtd_uri: str) -> ControllerHarness:
-    # as the manager runs: every day-2 change under a snapshot (capl.virt.snapshot)
+    # the manager's snapshots (as the harness has them), with the test's hook
     harness.deps = dataclasses.replace(harness.deps, snapshots=_AfterSnapshot)
     await harness.start(SETUP)
     return harness
@@ -239,6 +242,21 @@ async def _failed_change_is_reverted(
     record_timing("day-2 change after a revert applied", time.monotonic() - started)
 
 
+async def _interrupted_change_is_finished(
+    h: ControllerHarness, name: str, dom: libvirt.virDomain, pool: libvirt.virStoragePool
+) -> None:
+    """A change the manager did not finish (its snapshot taken and the disk grown on the
+    overlay, then the process gone: done here by hand) is finished by the next reconcile
+    of the machine: the snapshot merged, the growth kept and carried down to the volume."""
+    started = time.monotonic()
+    await snapshots_of(h.hosts.get(uri=URI)).create_snapshot(dom.UUIDString(), DAY2_SNAPSHOT)
+    await asyncio.to_thread(dom.blockResize, "vda", 4 * GIB, libvirt.VIR_DOMAIN_BLOCK_RESIZE_BYTES)
+    await _change(h, name, {"rootVolume": {"sizeGiB": 4}})
+    _assert_no_snapshot(dom, pool, root_gib=4)
+    await _guest_sees(dom, "cat /sys/block/vda/size", lambda a: a == str(4 * GIB // 512))
+    record_timing("day-2 interrupted change finished", time.monotonic() - started)
+
+
 def _refused(exc: pytest.ExceptionInfo[ApiError], field: str) -> None:
     assert exc.value.code == 422, exc.value
     assert field in str(exc.value), exc.value
@@ -326,6 +344,7 @@ async def test_day2_changes_reach_the_running_guest(
     record_timing("day-2 removal seen by the guest", time.monotonic() - started)
 
     await _failed_change_is_reverted(h, m.name, dom, pool)
+    await _interrupted_change_is_finished(h, m.name, dom, pool)
 
     # above what the running QEMU was started with: at the next power cycle, said so
     started = time.monotonic()
@@ -346,5 +365,8 @@ async def test_day2_changes_reach_the_running_guest(
     assert ElementTree.fromstring(dom.XMLDesc(0)).findtext("vcpu") == "3"
     record_timing("day-2 power cycle path", time.monotonic() - started)
 
+    # deleted while a change's snapshot is there (as if the manager died mid-change): the
+    # overlay goes with the machine's volumes, the snapshot metadata with the domain
+    await snapshots_of(h.hosts.get(uri=URI)).create_snapshot(dom.UUIDString(), DAY2_SNAPSHOT)
     await h.delete_machine(m.name, within=90)
     assert await leftovers(h, cluster, m.name, uri=URI) == []

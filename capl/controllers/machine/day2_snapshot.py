@@ -33,7 +33,9 @@ Never leaked, level-based: a change interrupted by a manager restart (or a faile
 leaves the domain on a `capl-day2` overlay; the next reconcile that reads the domain's
 hardware sees it in the disks' paths (no extra call) and merges it (`finish_leftover`:
 what the interrupted change did is kept, the rest is planned again, under a new snapshot).
-A stale snapshot with the same name found when taking one is merged first.
+A stale snapshot with the same name found when taking one is merged first. A domain that
+cannot have one (no file-backed disk, a driver without disk-only snapshots such as libvirt's
+test driver) is changed without a snapshot, as before (a warning in the log).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import structlog
 from capl.controllers.machine.day2_plan import DayTwoPlan, RemoveDisk
 from capl.controllers.machine.options import LOGGER
 from capl.controllers.machine.scope import MachineScope
-from capl.ports.errors import AlreadyExists, InvalidSpec
+from capl.ports.errors import AlreadyExists, InvalidSpec, Unsupported
 from capl.ports.virt import DomainResources
 from capl.ports.virt.snapshots import Snapshots as HostSnapshots
 from capl.ports.virt.snapshots import SnapshotsOf
@@ -113,7 +115,8 @@ class DiskSnapshots:
             except AlreadyExists:  # stale, its disks not in the definition: merge it first
                 await snapshots.delete_snapshot(uuid, DAY2_SNAPSHOT)
                 await take()
-        except InvalidSpec as exc:  # e.g. no file-backed disk (a block-device pool)
+        except (InvalidSpec, Unsupported) as exc:  # no file-backed disk, a driver without
+            # disk-only snapshots (libvirt's test driver): the change is made without one
             log.warning("day-2 change made without a snapshot", domain=uuid, reason=str(exc))
             return None
         return Taken(snapshots, uuid, definition)

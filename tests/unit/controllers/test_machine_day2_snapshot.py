@@ -14,7 +14,7 @@ import pytest
 from capl.controllers.machine import day2
 from capl.controllers.machine.day2_plan import DayTwoPlan, GrowDisk, RemoveDisk, SetVcpus
 from capl.controllers.machine.day2_snapshot import DAY2_SNAPSHOT, DiskSnapshots, on_leftover
-from capl.ports.errors import AlreadyExists, InvalidSpec, OperationInvalid
+from capl.ports.errors import AlreadyExists, InvalidSpec, OperationInvalid, Unsupported
 from capl.ports.virt import Applied, DomainDisk, DomainResources, HostId
 from capl.ports.virt.snapshots import SnapshotInfo
 
@@ -168,12 +168,16 @@ async def test_a_stale_snapshot_is_merged_before_a_new_one_is_taken() -> None:
     ]
 
 
-async def test_no_file_disk_means_no_snapshot() -> None:
+@pytest.mark.parametrize(
+    "refused",
+    [InvalidSpec("no writable file-backed disk"), Unsupported("unsupported flags (0x10)")],
+)
+async def test_no_snapshot_possible_means_none(refused: Exception) -> None:
     host = FakeHost()
     guard, fake = _guard(host)
 
     async def refuse(*a: Any, **kw: Any) -> SnapshotInfo:
-        raise InvalidSpec("no writable file-backed disk")
+        raise refused
 
     fake.create_snapshot = refuse  # type: ignore[method-assign]
     assert await guard.before(_scope(host), PLAN, _hardware(ROOT)) is None
