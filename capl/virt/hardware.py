@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import libvirt
 
@@ -45,6 +46,8 @@ __all__ = [
     "resolve",
     "used_devices",
 ]
+
+S = TypeVar("S", PciSelector, MdevSelector)
 
 SECURE_BOOT_MACHINE: Final = "q35"
 """The machine type of a secure-boot domain (SMM), `capl.controllers.machine.plan`."""
@@ -264,30 +267,33 @@ def read(c: Any, *, skip_uuid: str | None = None) -> HostHardware:
     )
 
 
+def _bind(
+    selectors: Sequence[S], devices: Sequence[Any], taken: set[str], *, key: str, field: str
+) -> list[S]:
+    """Each selector bound to the first free device it matches (its ``key``, ``address`` or
+    ``uuid``, set from the device's); DeviceUnavailable naming the first left without
+    (``field``: "host device", "mediated device")."""
+    bound: list[S] = []
+    for selector in selectors:
+        device = next(
+            (d for d in devices if selector.matches(d) and getattr(d, key) not in taken), None
+        )
+        if device is None:
+            noun = "PCI device " if isinstance(selector, PciSelector) else ""
+            raise DeviceUnavailable(
+                f"{field} {selector.name}: no free {noun}{selector.describe()} on the host"
+            )
+        taken.add(getattr(device, key))
+        bound.append(dataclasses.replace(selector, **{key: getattr(device, key)}))
+    return bound
+
+
 def resolve(hw: HostHardware, spec: DomainSpec) -> DomainSpec:
     """``spec`` with each device selector bound to a free device of the host."""
     want = spec.hardware
     if not want.pci and not want.mdevs:
         return spec
-    taken = set(hw.used_pci)
-    pci: list[PciSelector] = []
-    for selector in want.pci:
-        device = next((d for d in hw.pci if selector.matches(d) and d.address not in taken), None)
-        if device is None:
-            raise DeviceUnavailable(
-                f"host device {selector.name}: no free PCI device {selector.describe()} on the host"
-            )
-        taken.add(device.address)
-        pci.append(dataclasses.replace(selector, address=device.address))
-    taken_mdevs = set(hw.used_mdevs)
-    mdevs: list[MdevSelector] = []
-    for wanted in want.mdevs:
-        mdev = next((d for d in hw.mdevs if wanted.matches(d) and d.uuid not in taken_mdevs), None)
-        if mdev is None:
-            raise DeviceUnavailable(
-                f"mediated device {wanted.name}: no free {wanted.describe()} on the host"
-            )
-        taken_mdevs.add(mdev.uuid)
-        mdevs.append(dataclasses.replace(wanted, uuid=mdev.uuid))
+    pci = _bind(want.pci, hw.pci, set(hw.used_pci), key="address", field="host device")
+    mdevs = _bind(want.mdevs, hw.mdevs, set(hw.used_mdevs), key="uuid", field="mediated device")
     hardware = dataclasses.replace(want, pci=tuple(pci), mdevs=tuple(mdevs))
     return dataclasses.replace(spec, hardware=hardware)
