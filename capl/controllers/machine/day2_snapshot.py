@@ -49,14 +49,13 @@ from capl.controllers.machine.options import LOGGER
 from capl.controllers.machine.scope import MachineScope
 from capl.ports.errors import AlreadyExists, InvalidSpec, Unsupported
 from capl.ports.virt import DomainResources
+from capl.ports.virt.snapshots import DAY2_SNAPSHOT, SnapshotsOf
 from capl.ports.virt.snapshots import Snapshots as HostSnapshots
-from capl.ports.virt.snapshots import SnapshotsOf
 
 __all__ = ["DAY2_SNAPSHOT", "DiskSnapshots", "Taken", "on_leftover"]
 
 log = structlog.get_logger(LOGGER)
 
-DAY2_SNAPSHOT = "capl-day2"
 _OVERLAY_SUFFIX = f"-snap-{DAY2_SNAPSHOT}.qcow2"
 
 

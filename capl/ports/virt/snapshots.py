@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from capl.ports.virt.hosts import Host
 
 __all__ = [
+    "DAY2_SNAPSHOT",
     "SnapshotInfo",
     "SnapshotKind",
     "SnapshotNotFound",
@@ -48,6 +49,10 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+DAY2_SNAPSHOT = "capl-day2"
+"""The snapshot the manager takes before a day-2 change and merges or reverts after it
+(`capl.controllers.machine.day2_snapshot`): reserved, an operator's would be merged away."""
 
 
 class SnapshotNotFound(NotFound):
