@@ -3,7 +3,7 @@
 The local repository of `make release-manifests` carries two release series of capl: this
 version vX.Y.Z and the next minor vX.(Y+1).0, both made from this tree (the next one differs
 in its version only: image tag, metadata.yaml; hack/release-manifests.sh). One management
-cluster (tests/e2e/harness.py `start_management`: `clusterctl init --infrastructure libvirt`
+cluster (tests/e2e/harness/ `start_management`: `clusterctl init --infrastructure libvirt`
 installs vX.Y.Z, the version its clusterctl.yaml URL names) runs a cluster of the testbed
 flavor: a control-plane Machine and one md-ignition worker, real TCG guests of the test
 image. Then, as an operator would:

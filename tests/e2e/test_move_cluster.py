@@ -1,7 +1,7 @@
 """`clusterctl move` of a running workload cluster between two management clusters.
 
 Three control planes: management clusters `source` and `target` (each with `clusterctl init`,
-its own Cluster API core manager and its own `capl manager`, tests/e2e/harness.py), and a
+its own Cluster API core manager and its own `capl manager`, tests/e2e/harness/), and a
 third API server that plays the workload cluster's (the stand-in kubelet registers the
 guests' Nodes there; `<cluster>-kubeconfig` points at it), so after the move the source
 management cluster holds nothing of the cluster at all.

@@ -1,7 +1,7 @@
 """A workload cluster of real TCG guests driven by the real Cluster API and `capl manager`.
 
 One management cluster for the module (`clusterctl init` + Cluster API core + `capl manager`
-as processes, tests/e2e/harness.py) and one workload cluster from the `testbed` flavor:
+as processes, tests/e2e/harness/) and one workload cluster from the `testbed` flavor:
 a stand-alone control-plane Machine (Ignition, with a hostname), MachineDeployment
 `md-ignition` (a shared Ignition config, no hostname: the node name comes from DHCP) and
 `md-cloud-config` (#cloud-config: the hostname from capl's NoCloud meta-data). The stand-in

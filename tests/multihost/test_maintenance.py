@@ -2,7 +2,7 @@
 
 The bed (tests/multihost/conftest.py): kvm1 and kvm2 (``qemu+tls://``), each with bridge
 ``br-lan`` on one LAN whose DHCP server is the bed's dnsmasq, each with its own storage (disks
-are copied by a migration). The management cluster is the e2e harness's (tests/e2e/harness.py
+are copied by a migration). The management cluster is the e2e harness's (tests/e2e/harness/
 `start_management`): its own kube-apiserver, ``clusterctl init`` with capl's release, the
 Cluster API core manager and `capl manager` as processes, capl's webhooks on. No kubelet and
 no workload API server: the Machines stay at phase Provisioned (no nodeRef), which is all
