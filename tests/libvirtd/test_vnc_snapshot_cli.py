@@ -25,11 +25,7 @@ import os
 import re
 import secrets
 import select
-import signal
-import socket
-import struct
 import subprocess
-import sys
 import time
 import uuid as uuidlib
 import xml.etree.ElementTree as ET
@@ -47,13 +43,13 @@ from capl.virt import LibvirtHost
 from capl.virt.snapshot import LibvirtSnapshots
 from tests.fixtures.libvirt import Guest, LibvirtBed, guest_domain_xml, record_timing
 from tests.fixtures.transports import SshServer, running_sshd, ssh_server
+from tests.fixtures.vnc import CAPL, vnc_session
 from tests.libvirtd.test_console_cli import create_objects
 
 __all__ = ["ssh_server"]  # the session fixture, registered by this import
 
 pytestmark = [pytest.mark.libvirtd, pytest.mark.apiserver]
 
-CAPL = str(Path(sys.executable).with_name("capl"))
 BOOT_TIMEOUT = 420  # a TCG boot takes ~10-30 s; 300 s was seen with the 2 cores shared
 CLI_TIMEOUT = 120
 GUEST_MIB = 128  # what a memory snapshot saves and a revert restores: keep it small
@@ -190,59 +186,11 @@ def cli(api_client: client.ApiClient, namespace: str, kubeconfig: Path) -> Cli:
     return Cli(api_client, namespace, kubeconfig)
 
 
-def rfb_server_init(port: int) -> tuple[bytes, str]:
-    """The RFB 3.8 handshake up to ServerInit: (version line, desktop name)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        reader = s.makefile("rb")
-        version = reader.read(12)
-        s.sendall(b"RFB 003.008\n")
-        (count,) = reader.read(1)
-        types = reader.read(count)
-        assert 1 in types, f"no 'None' security type offered: {types!r}"
-        s.sendall(b"\x01")
-        assert reader.read(4) == b"\0\0\0\0", "security handshake failed"
-        s.sendall(b"\x01")  # ClientInit: shared
-        header = reader.read(24)
-        (length,) = struct.unpack(">I", header[20:24])
-        return version, reader.read(length).decode()
-
-
 def _vnc_session(guest: Guest, cli: Cli, *, machine: str, host: str) -> float:
-    """`capl vnc` as a user runs it: read the port, connect twice, stop it with SIGTERM."""
-    namespace = cli.namespace
-    t0 = time.monotonic()
-    proc = subprocess.Popen(
-        [CAPL, "vnc", machine, *cli.args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
+    """`capl vnc` on `machine` (pointing at `guest`): the display of this guest's QEMU."""
+    return vnc_session(
+        machine, *cli.args, namespace=cli.namespace, uuid=guest.uuid, host=host, desktop=guest.name
     )
-    try:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 60)
-        assert ready, "capl vnc printed no address in 60 s"
-        line = proc.stdout.readline().decode()
-        found = re.fullmatch(
-            rf"VNC of (\S+) \(domain (\S+) on {host}\) at 127\.0\.0\.1:(\d+)\n", line
-        )
-        assert found, line
-        assert found.group(1) == f"{namespace}/{machine}"
-        assert found.group(2) == guest.uuid
-        port = int(found.group(3))
-        version, name = rfb_server_init(port)
-        elapsed = time.monotonic() - t0
-        assert version == b"RFB 003.008\n"
-        assert guest.name in name  # QEMU's desktop name is the domain's name
-        # a second viewer gets its own connection to the display
-        assert rfb_server_init(port)[0] == b"RFB 003.008\n"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=30)
-    assert proc.stderr is not None
-    err = proc.stderr.read().decode()
-    assert code == 0, err
-    assert "Traceback" not in err
-    return elapsed
 
 
 async def test_vnc_serves_the_guest_display_on_a_loopback_port(vnc_guest: Guest, cli: Cli) -> None:
