@@ -147,103 +147,15 @@ async def test_maintenance_moves_replaces_and_blocks_then_ends(
     watcher: asyncio.Task[None] | None = None
     network = pool = None
     try:
-        # -- the cluster, on kvm1 and kvm2 in bridge mode
-        entries = []
-        for name in HOSTS:
-            bed_host = multihost_bed.host(name)
-            await site.create(
-                SECRET,
-                {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "metadata": {"name": f"{name}-credentials"},
-                    "data": {k: b64(v) for k, v in bed_host.credentials.items()},
-                },
-            )
-            entries.append(
-                {
-                    "name": name,
-                    "uri": bed_host.uri,
-                    "credentialsRef": {"name": f"{name}-credentials"},
-                }
-            )
-        cluster = await site.create(
-            CLUSTER, cluster_obj(CLUSTER_NAME, namespace, libvirt_cluster=CLUSTER_NAME)
-        )
-        lc = libvirt_cluster_obj(
-            CLUSTER_NAME,
-            namespace,
-            cluster=cluster,
-            hosts=entries,
-            mode="bridge",
-            bridge=multihost_bed.host_bridge,
-        )
-        lc["spec"]["controlPlaneEndpoint"] = dict(ENDPOINT)
-        # as a user writes it: Cluster API's Cluster controller adds owner and label
-        del lc["metadata"]["ownerReferences"], lc["metadata"]["labels"]
-        made = await site.create(LIBVIRT_CLUSTER, lc)
+        made = await create_cluster(site)
         network = made["spec"]["network"].get("name")
         pool = made["spec"]["storagePool"]["name"]
-        provisioned = await site.wait_cluster(
-            lambda o: bool(get_path(o, "status", "initialization", "provisioned")),
-            "provisioned on kvm1 and kvm2",
-        )
-        owners = provisioned["metadata"].get("ownerReferences") or []
-        assert [(o["kind"], o["name"]) for o in owners] == [("Cluster", CLUSTER_NAME)]
-        await site.wait(
-            CLUSTER,
-            CLUSTER_NAME,
-            lambda o: bool(get_path(o, "status", "initialization", "infrastructureProvisioned")),
-            within=60,
-            what="infrastructure provisioned (Cluster API)",
-        )
+        provisioned = await wait_provisioned(site)
         t_cluster = time.monotonic()
 
-        # -- kvm2 cordoned while the three machines are placed, so they all go on kvm1
-        cordon = await site.capl(
-            "maintenance", "start", "kvm2", "--reason", "placement", "--wait", "--timeout", "2m"
-        )
-        assert cordon.code == 0, cordon
-        assert f"LibvirtCluster {namespace}/{CLUSTER_NAME}: host kvm2 Evacuated" in cordon.out
-        await create_machine_objects(
-            site.create, "live", namespace, cluster=CLUSTER_NAME,
-            spec=guest_spec(guest_image, "LiveMigrate"),
-        )  # fmt: skip
-        await create_machine_objects(
-            site.create, "stay", namespace, cluster=CLUSTER_NAME,
-            spec=guest_spec(guest_image, "None"),
-        )  # fmt: skip
-        await create_machine_deployment(site, guest_image)
-        md_first = await eventually(
-            site.md_machine, within=60, what="the MachineDeployment's Machine",
-            explain=site.explain,
-        )  # fmt: skip
+        md_first, md_old_lm = await place_on_kvm1(site, guest_image)
         md_old = str(md_first["metadata"]["name"])
-        md_old_lm = str(md_first["spec"]["infrastructureRef"]["name"])
-        for name in ("live", "stay", md_old_lm):
-            placed = await site.wait(
-                LIBVIRT_MACHINE, name, lambda o: bool(get_path(o, "spec", "hostName")),
-                within=60, what="placed",
-            )  # fmt: skip
-            assert placed["spec"]["hostName"] == "kvm1", name
-        uncordon = await site.capl("maintenance", "stop", "kvm2")
-        assert uncordon.code == 0, uncordon
-        await site.wait_cluster(
-            lambda o: (
-                maintenance_of(o, "kvm2") is None and control_plane_allowed(o, "kvm2") is True
-            ),
-            "kvm2 out of maintenance",
-        )
-
-        # -- all three boot on kvm1
-        booted: dict[str, Obj] = {}
-        for name in ("live", "stay", md_old_lm):
-            booted[name] = await site.wait(
-                LIBVIRT_MACHINE, name, lambda o: bool(internal_ip(o)), within=BOOT,
-                what="an address",
-            )  # fmt: skip
-        t_booted = time.monotonic()
-        record_timing("maintenance: 3 machines created -> addresses", t_booted - t_cluster)
+        booted = await boot(site, md_old_lm, since=t_cluster)
         live_before = booted["live"]
         status_hosts = get_path(provisioned, "status", "hosts") or []
         worker = Worker(
@@ -270,201 +182,16 @@ async def test_maintenance_moves_replaces_and_blocks_then_ends(
             f"LibvirtCluster {namespace}/{CLUSTER_NAME}: host kvm1 put into maintenance "
             "(reason: test)"
         )
-
-        # LiveMigrate: moved by the migration controller to kvm2
-        evacuation = migration_name("live", live_before["metadata"]["uid"], "kvm1")
-        done = await site.wait(
-            LIBVIRT_MACHINE_MIGRATION,
-            evacuation,
-            lambda o: get_path(o, "status", "phase") in ("Succeeded", "Failed"),
-            within=240,
-            what="finished",
+        evacuation = await assert_live_migrated(site, worker, live_before, last_on_kvm1, since=t0)
+        new_lm = await assert_replaced_on_kvm2(
+            site, md_first, md_old_lm, md_old_uuid=md_old_uuid, since=t0
         )
-        record_timing("maintenance: start -> live migration Succeeded", time.monotonic() - t0)
-        status = done["status"]
-        assert status["phase"] == "Succeeded", status
-        assert (status["sourceHost"], status["targetHost"]) == ("kvm1", "kvm2")
-        assert status["copyStorage"] is True
-        assert done["spec"]["machineName"] == "live"
-        assert "targetHost" not in done["spec"]  # the migration controller chose kvm2
-        assert done["metadata"]["labels"][c.EVACUATION_HOST_LABEL] == "kvm1"
-        assert [(o["kind"], o["name"]) for o in done["metadata"]["ownerReferences"]] == [
-            ("LibvirtCluster", CLUSTER_NAME)
-        ]
-        moved = await site.wait(
-            LIBVIRT_MACHINE, "live", lambda o: get_path(o, "status", "host") == "kvm2",
-            within=60, what="reports kvm2",
-        )  # fmt: skip
-        assert moved["spec"]["hostName"] == "kvm2"
-        assert "migrationTarget" not in moved["spec"]
-        assert moved["spec"]["domainUUID"] == worker.uuid
-        assert moved["spec"]["providerID"] == live_before["spec"]["providerID"]
-        assert internal_ip(moved) == worker.ip
-        assert worker.where() == {"kvm1": None, "kvm2": True}
-        await worker.counting_on("kvm2", last_on_kvm1 + 2)  # the same memory: no boot
-        on_kvm2 = await worker.counts("kvm2")
-        assert on_kvm2[0] >= last_on_kvm1
-        assert on_kvm2 == list(range(on_kvm2[0], on_kvm2[0] + len(on_kvm2)))
+        await assert_blocked(site, stay_uuid, since=t0)
+        await assert_shown_by_the_cli(site, new_lm)
+        await assert_events(site, evacuation=evacuation, md_old=md_old, md_old_lm=md_old_lm)
+        await assert_pinned_machine_waits(site, guest_image)
 
-        # Recreate: the Machine deleted by capl, replaced by the MachineSet on kvm2
-        await site.wait_gone(MACHINE, md_old, within=180)
-        await site.wait_gone(LIBVIRT_MACHINE, md_old_lm, within=30)
-        replacement = await eventually(
-            site.md_machine, within=120, what="the replacement Machine", explain=site.explain
-        )
-        new_lm = str(replacement["spec"]["infrastructureRef"]["name"])
-        assert replacement["metadata"]["name"] != md_old
-        owners = replacement["metadata"].get("ownerReferences") or []
-        assert [o["kind"] for o in owners] == ["MachineSet"], owners
-        assert owners[0]["name"] == md_first["metadata"]["ownerReferences"][0]["name"]
-        placed = await site.wait(
-            LIBVIRT_MACHINE, new_lm, lambda o: bool(get_path(o, "spec", "domainUUID")),
-            within=120, what="placed and defined",
-        )  # fmt: skip
-        assert placed["spec"]["hostName"] == "kvm2"
-        assert placed["spec"]["evictionStrategy"] == "Recreate"
-        new_uuid = str(placed["spec"]["domainUUID"])
-        await eventually(
-            lambda: active_on(multihost_bed, "kvm2", new_uuid),
-            within=120, what="the replacement runs on kvm2", explain=site.explain,
-        )  # fmt: skip
-        assert active_on(multihost_bed, "kvm1", new_uuid) is None
-        for host in HOSTS:
-            assert active_on(multihost_bed, host, md_old_uuid) is None, host
-        record_timing("maintenance: start -> replacement running on kvm2", time.monotonic() - t0)
-
-        # None: stays, and the maintenance says so
-        blocked = await site.wait_cluster(
-            lambda o: (maintenance_of(o, "kvm1") or {}).get("machines") == 1,
-            "kvm1: one machine left",
-        )
-        record_timing("maintenance: start -> kvm1 Blocked, 1 machine left", time.monotonic() - t0)
-        assert maintenance_of(blocked, "kvm1") == {
-            "phase": "Blocked",
-            "machines": 1,
-            "message": BLOCKED,
-        }
-        assert control_plane_allowed(blocked, "kvm1") is False
-        assert control_plane_allowed(blocked, "kvm2") is True
-        await site.wait(
-            CLUSTER, CLUSTER_NAME, lambda o: control_plane_allowed(o, "kvm1") is False,
-            within=60, what="failure domain kvm1 without control planes (Cluster API)",
-        )  # fmt: skip
-        stay = await site.get(LIBVIRT_MACHINE, "stay")
-        assert stay is not None
-        assert (stay["spec"]["hostName"], stay["status"]["host"]) == ("kvm1", "kvm1")
-        assert active_on(multihost_bed, "kvm1", stay_uuid) is True
-        assert active_on(multihost_bed, "kvm2", stay_uuid) is None
-        assert await site.get(MACHINE, "stay") is not None
-        assert await site.get(MACHINE, "live") is not None
-
-        shown = await site.capl("hosts")
-        assert shown.code == 0, shown
-        row = hosts_row(shown.out, "kvm1")
-        assert (row[4], row[5]) == ("Blocked", "1"), shown.out
-        assert hosts_row(shown.out, "kvm2")[4:6] == ["-", "2"], shown.out
-        assert f"kvm1 in LibvirtCluster {CLUSTER_NAME}: Blocked; reason: test; 1 machine left: " \
-            f"{BLOCKED}" in shown.out  # fmt: skip
-        as_json = await site.capl("hosts", "-o", "json")
-        hosts = {h["name"]: h for h in json.loads(as_json.out)["hosts"]}
-        assert (hosts["kvm1"]["maintenance"], hosts["kvm1"]["machines"]) == ("Blocked", 1)
-        assert hosts["kvm1"]["entries"][0]["machines"] == ["stay"]
-        assert sorted(hosts["kvm2"]["entries"][0]["machines"]) == sorted(["live", new_lm])
-
-        waited = await site.capl("maintenance", "start", "kvm1", "--wait", "--timeout", "1m")
-        assert waited.code == 1, waited
-        assert "host kvm1 already in maintenance (reason: test): unchanged" in waited.out
-        assert f"host kvm1 Blocked, 1 machine left: {BLOCKED}" in waited.out
-        assert "host kvm1 cannot be evacuated" in waited.err
-
-        # (sets: the recorder may write a repeated Event twice instead of counting it)
-        assert await events(site, c.Reason.EVACUATING) == {
-            ("Normal", "host kvm1 is in maintenance (test): evacuating 3 machine(s) of the cluster")
-        }
-        assert await events(site, "MigrationCreated") == {
-            (
-                "Normal",
-                f"host kvm1 is in maintenance: created LibvirtMachineMigration {evacuation} "
-                "for machine live",
-            )
-        }
-        assert await events(site, "MachineDeleted") == {
-            (
-                "Normal",
-                f"host kvm1 is in maintenance: deleted Machine {md_old} (LibvirtMachine "
-                f"{md_old_lm}, evictionStrategy Recreate) for its owner to replace",
-            )
-        }
-        assert await events(site, c.Reason.EVICTION_BLOCKED) == {
-            ("Warning", f"host kvm1: {BLOCKED}")
-        }
-        assert await events(site, c.Reason.EVACUATED) == set()
-        # kvm2's short maintenance while the machines were placed: empty, so evacuated at once
-        assert await events(site, c.Reason.EVACUATING, "kvm2") == {
-            (
-                "Normal",
-                "host kvm2 is in maintenance (placement): evacuating 0 machine(s) of the cluster",
-            )
-        }
-        assert await events(site, c.Reason.EVACUATED, "kvm2") == {
-            ("Normal", "host kvm2 is evacuated: no machine of the cluster is left on it")
-        }
-
-        # cordon: a new machine pinned to kvm1 (its Machine's failure domain) waits
-        await create_machine_objects(
-            site.create, "late", namespace, cluster=CLUSTER_NAME,
-            spec=guest_spec(guest_image, "LiveMigrate"), failure_domain="kvm1",
-        )  # fmt: skip
-        waiting = await site.wait(
-            LIBVIRT_MACHINE,
-            "late",
-            lambda o: (
-                condition_of(o, c.ConditionType.DOMAIN_PROVISIONED).get("reason")
-                == c.Reason.HOST_NOT_FOUND
-            ),
-            within=60,
-            what="waits for kvm1",
-        )
-        assert "host kvm1 is in maintenance (test)" in str(
-            condition_of(waiting, c.ConditionType.DOMAIN_PROVISIONED).get("message")
-        )
-        assert not get_path(waiting, "spec", "hostName")
-        assert not get_path(waiting, "spec", "domainUUID")
-
-        # -- the end of the maintenance
-        t1 = time.monotonic()
-        stop = await site.capl("maintenance", "stop", "kvm1")
-        assert stop.code == 0, stop
-        assert stop.out.strip() == (
-            f"LibvirtCluster {namespace}/{CLUSTER_NAME}: host kvm1 taken out of maintenance "
-            "(it was: test)"
-        )
-        ended = await site.wait_cluster(
-            lambda o: (
-                maintenance_of(o, "kvm1") is None and control_plane_allowed(o, "kvm1") is True
-            ),
-            "kvm1 out of maintenance, control planes allowed",
-        )
-        assert "maintenance" not in host_status(ended, "kvm1")
-        await site.wait(
-            CLUSTER, CLUSTER_NAME, lambda o: control_plane_allowed(o, "kvm1") is True,
-            within=60, what="failure domain kvm1 with control planes again (Cluster API)",
-        )  # fmt: skip
-        await site.wait_gone(LIBVIRT_MACHINE_MIGRATION, evacuation, within=60)
-        late = await site.wait(
-            LIBVIRT_MACHINE, "late", lambda o: bool(get_path(o, "spec", "domainUUID")),
-            within=60, what="placed once kvm1 is out of maintenance",
-        )  # fmt: skip
-        assert late["spec"]["hostName"] == "kvm1"
-        late_uuid = str(late["spec"]["domainUUID"])
-        await eventually(
-            lambda: active_on(multihost_bed, "kvm1", late_uuid),
-            within=60, what="the new machine runs on kvm1", explain=site.explain,
-        )  # fmt: skip
-        record_timing("maintenance: stop -> new machine running on kvm1", time.monotonic() - t1)
-        after = await site.capl("hosts", "-o", "json")
-        hosts = {h["name"]: h for h in json.loads(after.out)["hosts"]}
-        assert (hosts["kvm1"]["maintenance"], hosts["kvm1"]["machines"]) == (None, 2)
+        await end_maintenance(site, evacuation)
         assert worker.where() == {"kvm1": None, "kvm2": True}  # moved machines stay moved
         assert active_on(multihost_bed, "kvm1", stay_uuid) is True
 
@@ -478,16 +205,7 @@ async def test_maintenance_moves_replaces_and_blocks_then_ends(
         assert seen.get("late") == ["kvm1"], seen
         assert set(seen) <= {"live", "stay", md_old_lm, new_lm, "late"}, seen
 
-        # -- delete everything
-        t2 = time.monotonic()
-        await management.api.resource(CLUSTER).delete(ObjectKey(namespace, CLUSTER_NAME))
-        await site.wait_gone(CLUSTER, CLUSTER_NAME, within=180)
-        await site.wait_gone(LIBVIRT_CLUSTER, CLUSTER_NAME, within=30)
-        assert await site.list(LIBVIRT_MACHINE) == []
-        assert await site.list(MACHINE) == []
-        record_timing("maintenance: Cluster deleted -> gone", time.monotonic() - t2)
-        for host in HOSTS:
-            assert traces(multihost_bed, host, namespace) == [], host
+        await delete_everything(site)
         record_timing("maintenance: the whole test", time.monotonic() - t_start)
     finally:
         if watcher is not None:
@@ -496,3 +214,348 @@ async def test_maintenance_moves_replaces_and_blocks_then_ends(
                 await watcher
         await consoles.close()
         await teardown(site, network=network, pool=pool)
+
+
+# --- the phases -------------------------------------------------------------------------------
+
+
+async def create_cluster(site: Site) -> Obj:
+    """Credentials Secrets, the Cluster and the LibvirtCluster in bridge mode on kvm1 and kvm2
+    (as a user writes it: Cluster API's Cluster controller adds owner and label); the
+    LibvirtCluster as created (capl's webhook filled in the network and pool names)."""
+    entries = []
+    for name in HOSTS:
+        bed_host = site.lan.host(name)
+        await site.create(
+            SECRET,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": f"{name}-credentials"},
+                "data": {k: b64(v) for k, v in bed_host.credentials.items()},
+            },
+        )
+        entries.append(
+            {
+                "name": name,
+                "uri": bed_host.uri,
+                "credentialsRef": {"name": f"{name}-credentials"},
+            }
+        )
+    cluster = await site.create(
+        CLUSTER, cluster_obj(CLUSTER_NAME, site.namespace, libvirt_cluster=CLUSTER_NAME)
+    )
+    lc = libvirt_cluster_obj(
+        CLUSTER_NAME,
+        site.namespace,
+        cluster=cluster,
+        hosts=entries,
+        mode="bridge",
+        bridge=site.lan.host_bridge,
+    )
+    lc["spec"]["controlPlaneEndpoint"] = dict(ENDPOINT)
+    del lc["metadata"]["ownerReferences"], lc["metadata"]["labels"]
+    return await site.create(LIBVIRT_CLUSTER, lc)
+
+
+async def wait_provisioned(site: Site) -> Obj:
+    """Until capl provisioned the LibvirtCluster (owned by the Cluster) and Cluster API saw
+    it; the LibvirtCluster then."""
+    provisioned = await site.wait_cluster(
+        lambda o: bool(get_path(o, "status", "initialization", "provisioned")),
+        "provisioned on kvm1 and kvm2",
+    )
+    owners = provisioned["metadata"].get("ownerReferences") or []
+    assert [(o["kind"], o["name"]) for o in owners] == [("Cluster", CLUSTER_NAME)]
+    await site.wait(
+        CLUSTER,
+        CLUSTER_NAME,
+        lambda o: bool(get_path(o, "status", "initialization", "infrastructureProvisioned")),
+        within=60,
+        what="infrastructure provisioned (Cluster API)",
+    )
+    return provisioned
+
+
+async def place_on_kvm1(site: Site, image: Path) -> tuple[Obj, str]:
+    """kvm2 cordoned while the three machines are placed, so they all go on kvm1; then
+    kvm2's maintenance ends. The MachineDeployment's first Machine and its LibvirtMachine."""
+    cordon = await site.capl(
+        "maintenance", "start", "kvm2", "--reason", "placement", "--wait", "--timeout", "2m"
+    )
+    assert cordon.code == 0, cordon
+    assert f"LibvirtCluster {site.namespace}/{CLUSTER_NAME}: host kvm2 Evacuated" in cordon.out
+    await create_machine_objects(
+        site.create, "live", site.namespace, cluster=CLUSTER_NAME,
+        spec=guest_spec(image, "LiveMigrate"),
+    )  # fmt: skip
+    await create_machine_objects(
+        site.create, "stay", site.namespace, cluster=CLUSTER_NAME,
+        spec=guest_spec(image, "None"),
+    )  # fmt: skip
+    await create_machine_deployment(site, image)
+    md_first = await eventually(
+        site.md_machine, within=60, what="the MachineDeployment's Machine",
+        explain=site.explain,
+    )  # fmt: skip
+    md_old_lm = str(md_first["spec"]["infrastructureRef"]["name"])
+    for name in ("live", "stay", md_old_lm):
+        placed = await site.wait(
+            LIBVIRT_MACHINE, name, lambda o: bool(get_path(o, "spec", "hostName")),
+            within=60, what="placed",
+        )  # fmt: skip
+        assert placed["spec"]["hostName"] == "kvm1", name
+    uncordon = await site.capl("maintenance", "stop", "kvm2")
+    assert uncordon.code == 0, uncordon
+    await site.wait_cluster(
+        lambda o: maintenance_of(o, "kvm2") is None and control_plane_allowed(o, "kvm2") is True,
+        "kvm2 out of maintenance",
+    )
+    return md_first, md_old_lm
+
+
+async def boot(site: Site, md_old_lm: str, *, since: float) -> dict[str, Obj]:
+    """All three boot on kvm1: their LibvirtMachines with an address."""
+    booted: dict[str, Obj] = {}
+    for name in ("live", "stay", md_old_lm):
+        booted[name] = await site.wait(
+            LIBVIRT_MACHINE, name, lambda o: bool(internal_ip(o)), within=BOOT,
+            what="an address",
+        )  # fmt: skip
+    record_timing("maintenance: 3 machines created -> addresses", time.monotonic() - since)
+    return booted
+
+
+async def assert_live_migrated(
+    site: Site, worker: Worker, live_before: Obj, last_on_kvm1: int, *, since: float
+) -> str:
+    """LiveMigrate: moved by the migration controller to kvm2 through the evacuation
+    migration; same UUID, providerID and address, the counter goes on. The migration's name."""
+    evacuation = migration_name("live", live_before["metadata"]["uid"], "kvm1")
+    done = await site.wait(
+        LIBVIRT_MACHINE_MIGRATION,
+        evacuation,
+        lambda o: get_path(o, "status", "phase") in ("Succeeded", "Failed"),
+        within=240,
+        what="finished",
+    )
+    record_timing("maintenance: start -> live migration Succeeded", time.monotonic() - since)
+    status = done["status"]
+    assert status["phase"] == "Succeeded", status
+    assert (status["sourceHost"], status["targetHost"]) == ("kvm1", "kvm2")
+    assert status["copyStorage"] is True
+    assert done["spec"]["machineName"] == "live"
+    assert "targetHost" not in done["spec"]  # the migration controller chose kvm2
+    assert done["metadata"]["labels"][c.EVACUATION_HOST_LABEL] == "kvm1"
+    assert [(o["kind"], o["name"]) for o in done["metadata"]["ownerReferences"]] == [
+        ("LibvirtCluster", CLUSTER_NAME)
+    ]
+    moved = await site.wait(
+        LIBVIRT_MACHINE, "live", lambda o: get_path(o, "status", "host") == "kvm2",
+        within=60, what="reports kvm2",
+    )  # fmt: skip
+    assert moved["spec"]["hostName"] == "kvm2"
+    assert "migrationTarget" not in moved["spec"]
+    assert moved["spec"]["domainUUID"] == worker.uuid
+    assert moved["spec"]["providerID"] == live_before["spec"]["providerID"]
+    assert internal_ip(moved) == worker.ip
+    assert worker.where() == {"kvm1": None, "kvm2": True}
+    await worker.counting_on("kvm2", last_on_kvm1 + 2)  # the same memory: no boot
+    on_kvm2 = await worker.counts("kvm2")
+    assert on_kvm2[0] >= last_on_kvm1
+    assert on_kvm2 == list(range(on_kvm2[0], on_kvm2[0] + len(on_kvm2)))
+    return evacuation
+
+
+async def assert_replaced_on_kvm2(
+    site: Site, md_first: Obj, md_old_lm: str, *, md_old_uuid: str, since: float
+) -> str:
+    """Recreate: the Machine deleted by capl, replaced by the MachineSet on kvm2. The
+    replacement's LibvirtMachine."""
+    lan = site.lan
+    md_old = str(md_first["metadata"]["name"])
+    await site.wait_gone(MACHINE, md_old, within=180)
+    await site.wait_gone(LIBVIRT_MACHINE, md_old_lm, within=30)
+    replacement = await eventually(
+        site.md_machine, within=120, what="the replacement Machine", explain=site.explain
+    )
+    new_lm = str(replacement["spec"]["infrastructureRef"]["name"])
+    assert replacement["metadata"]["name"] != md_old
+    owners = replacement["metadata"].get("ownerReferences") or []
+    assert [o["kind"] for o in owners] == ["MachineSet"], owners
+    assert owners[0]["name"] == md_first["metadata"]["ownerReferences"][0]["name"]
+    placed = await site.wait(
+        LIBVIRT_MACHINE, new_lm, lambda o: bool(get_path(o, "spec", "domainUUID")),
+        within=120, what="placed and defined",
+    )  # fmt: skip
+    assert placed["spec"]["hostName"] == "kvm2"
+    assert placed["spec"]["evictionStrategy"] == "Recreate"
+    new_uuid = str(placed["spec"]["domainUUID"])
+    await eventually(
+        lambda: active_on(lan, "kvm2", new_uuid),
+        within=120, what="the replacement runs on kvm2", explain=site.explain,
+    )  # fmt: skip
+    assert active_on(lan, "kvm1", new_uuid) is None
+    for host in HOSTS:
+        assert active_on(lan, host, md_old_uuid) is None, host
+    record_timing("maintenance: start -> replacement running on kvm2", time.monotonic() - since)
+    return new_lm
+
+
+async def assert_blocked(site: Site, stay_uuid: str, *, since: float) -> None:
+    """None: ``stay`` stays on kvm1, and the maintenance says so (Blocked, 1 machine, failure
+    domain kvm1 without control planes in the LibvirtCluster and in Cluster API's Cluster)."""
+    blocked = await site.wait_cluster(
+        lambda o: (maintenance_of(o, "kvm1") or {}).get("machines") == 1,
+        "kvm1: one machine left",
+    )
+    record_timing("maintenance: start -> kvm1 Blocked, 1 machine left", time.monotonic() - since)
+    assert maintenance_of(blocked, "kvm1") == {
+        "phase": "Blocked",
+        "machines": 1,
+        "message": BLOCKED,
+    }
+    assert control_plane_allowed(blocked, "kvm1") is False
+    assert control_plane_allowed(blocked, "kvm2") is True
+    await site.wait(
+        CLUSTER, CLUSTER_NAME, lambda o: control_plane_allowed(o, "kvm1") is False,
+        within=60, what="failure domain kvm1 without control planes (Cluster API)",
+    )  # fmt: skip
+    stay = await site.get(LIBVIRT_MACHINE, "stay")
+    assert stay is not None
+    assert (stay["spec"]["hostName"], stay["status"]["host"]) == ("kvm1", "kvm1")
+    assert active_on(site.lan, "kvm1", stay_uuid) is True
+    assert active_on(site.lan, "kvm2", stay_uuid) is None
+    assert await site.get(MACHINE, "stay") is not None
+    assert await site.get(MACHINE, "live") is not None
+
+
+async def assert_shown_by_the_cli(site: Site, new_lm: str) -> None:
+    """`capl hosts` (plain and JSON) shows kvm1 Blocked with 1 machine; ``capl maintenance
+    start kvm1 --wait`` exits 1 saying why."""
+    shown = await site.capl("hosts")
+    assert shown.code == 0, shown
+    row = hosts_row(shown.out, "kvm1")
+    assert (row[4], row[5]) == ("Blocked", "1"), shown.out
+    assert hosts_row(shown.out, "kvm2")[4:6] == ["-", "2"], shown.out
+    assert f"kvm1 in LibvirtCluster {CLUSTER_NAME}: Blocked; reason: test; 1 machine left: " \
+        f"{BLOCKED}" in shown.out  # fmt: skip
+    as_json = await site.capl("hosts", "-o", "json")
+    hosts = {h["name"]: h for h in json.loads(as_json.out)["hosts"]}
+    assert (hosts["kvm1"]["maintenance"], hosts["kvm1"]["machines"]) == ("Blocked", 1)
+    assert hosts["kvm1"]["entries"][0]["machines"] == ["stay"]
+    assert sorted(hosts["kvm2"]["entries"][0]["machines"]) == sorted(["live", new_lm])
+
+    waited = await site.capl("maintenance", "start", "kvm1", "--wait", "--timeout", "1m")
+    assert waited.code == 1, waited
+    assert "host kvm1 already in maintenance (reason: test): unchanged" in waited.out
+    assert f"host kvm1 Blocked, 1 machine left: {BLOCKED}" in waited.out
+    assert "host kvm1 cannot be evacuated" in waited.err
+
+
+async def assert_events(site: Site, *, evacuation: str, md_old: str, md_old_lm: str) -> None:
+    """The Events say what happened (sets: the recorder may write a repeated Event twice
+    instead of counting it)."""
+    assert await events(site, c.Reason.EVACUATING) == {
+        ("Normal", "host kvm1 is in maintenance (test): evacuating 3 machine(s) of the cluster")
+    }
+    assert await events(site, "MigrationCreated") == {
+        (
+            "Normal",
+            f"host kvm1 is in maintenance: created LibvirtMachineMigration {evacuation} "
+            "for machine live",
+        )
+    }
+    assert await events(site, "MachineDeleted") == {
+        (
+            "Normal",
+            f"host kvm1 is in maintenance: deleted Machine {md_old} (LibvirtMachine "
+            f"{md_old_lm}, evictionStrategy Recreate) for its owner to replace",
+        )
+    }
+    assert await events(site, c.Reason.EVICTION_BLOCKED) == {("Warning", f"host kvm1: {BLOCKED}")}
+    assert await events(site, c.Reason.EVACUATED) == set()
+    # kvm2's short maintenance while the machines were placed: empty, so evacuated at once
+    assert await events(site, c.Reason.EVACUATING, "kvm2") == {
+        (
+            "Normal",
+            "host kvm2 is in maintenance (placement): evacuating 0 machine(s) of the cluster",
+        )
+    }
+    assert await events(site, c.Reason.EVACUATED, "kvm2") == {
+        ("Normal", "host kvm2 is evacuated: no machine of the cluster is left on it")
+    }
+
+
+async def assert_pinned_machine_waits(site: Site, image: Path) -> None:
+    """Cordon: a new machine ``late`` pinned to kvm1 (its Machine's failure domain) waits."""
+    await create_machine_objects(
+        site.create, "late", site.namespace, cluster=CLUSTER_NAME,
+        spec=guest_spec(image, "LiveMigrate"), failure_domain="kvm1",
+    )  # fmt: skip
+    waiting = await site.wait(
+        LIBVIRT_MACHINE,
+        "late",
+        lambda o: (
+            condition_of(o, c.ConditionType.DOMAIN_PROVISIONED).get("reason")
+            == c.Reason.HOST_NOT_FOUND
+        ),
+        within=60,
+        what="waits for kvm1",
+    )
+    assert "host kvm1 is in maintenance (test)" in str(
+        condition_of(waiting, c.ConditionType.DOMAIN_PROVISIONED).get("message")
+    )
+    assert not get_path(waiting, "spec", "hostName")
+    assert not get_path(waiting, "spec", "domainUUID")
+
+
+async def end_maintenance(site: Site, evacuation: str) -> None:
+    """``capl maintenance stop kvm1``: the maintenance status gone, failure domain kvm1 with
+    control planes again, the evacuation migration deleted, ``late`` placed and running on
+    kvm1; `capl hosts` shows kvm1 with 2 machines."""
+    t1 = time.monotonic()
+    stop = await site.capl("maintenance", "stop", "kvm1")
+    assert stop.code == 0, stop
+    assert stop.out.strip() == (
+        f"LibvirtCluster {site.namespace}/{CLUSTER_NAME}: host kvm1 taken out of maintenance "
+        "(it was: test)"
+    )
+    ended = await site.wait_cluster(
+        lambda o: maintenance_of(o, "kvm1") is None and control_plane_allowed(o, "kvm1") is True,
+        "kvm1 out of maintenance, control planes allowed",
+    )
+    assert "maintenance" not in host_status(ended, "kvm1")
+    await site.wait(
+        CLUSTER, CLUSTER_NAME, lambda o: control_plane_allowed(o, "kvm1") is True,
+        within=60, what="failure domain kvm1 with control planes again (Cluster API)",
+    )  # fmt: skip
+    await site.wait_gone(LIBVIRT_MACHINE_MIGRATION, evacuation, within=60)
+    late = await site.wait(
+        LIBVIRT_MACHINE, "late", lambda o: bool(get_path(o, "spec", "domainUUID")),
+        within=60, what="placed once kvm1 is out of maintenance",
+    )  # fmt: skip
+    assert late["spec"]["hostName"] == "kvm1"
+    late_uuid = str(late["spec"]["domainUUID"])
+    await eventually(
+        lambda: active_on(site.lan, "kvm1", late_uuid),
+        within=60, what="the new machine runs on kvm1", explain=site.explain,
+    )  # fmt: skip
+    record_timing("maintenance: stop -> new machine running on kvm1", time.monotonic() - t1)
+    after = await site.capl("hosts", "-o", "json")
+    hosts = {h["name"]: h for h in json.loads(after.out)["hosts"]}
+    assert (hosts["kvm1"]["maintenance"], hosts["kvm1"]["machines"]) == (None, 2)
+
+
+async def delete_everything(site: Site) -> None:
+    """Deleting the Cluster (Cluster API deletes the MachineDeployment and the Machines, capl
+    the domains, volumes, pool and network) leaves nothing on either host."""
+    t2 = time.monotonic()
+    await site.api.resource(CLUSTER).delete(ObjectKey(site.namespace, CLUSTER_NAME))
+    await site.wait_gone(CLUSTER, CLUSTER_NAME, within=180)
+    await site.wait_gone(LIBVIRT_CLUSTER, CLUSTER_NAME, within=30)
+    assert await site.list(LIBVIRT_MACHINE) == []
+    assert await site.list(MACHINE) == []
+    record_timing("maintenance: Cluster deleted -> gone", time.monotonic() - t2)
+    for host in HOSTS:
+        assert traces(site.lan, host, site.namespace) == [], host
