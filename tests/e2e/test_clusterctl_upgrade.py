@@ -3,7 +3,7 @@
 The local repository of `make release-manifests` carries two release series of capl: this
 version vX.Y.Z and the next minor vX.(Y+1).0, both made from this tree (the next one differs
 in its version only: image tag, metadata.yaml; hack/release-manifests.sh). One management
-cluster (tests/e2e/harness.py `start_management`: `clusterctl init --infrastructure libvirt`
+cluster (tests/e2e/harness/ `start_management`: `clusterctl init --infrastructure libvirt`
 installs vX.Y.Z, the version its clusterctl.yaml URL names) runs a cluster of the testbed
 flavor: a control-plane Machine and one md-ignition worker, real TCG guests of the test
 image. Then, as an operator would:
@@ -41,7 +41,6 @@ from typing import Any
 
 import pytest
 
-from capl.kube import KubeClient
 from capl.runtime.resources import (
     CLUSTER,
     EVENT,
@@ -51,7 +50,7 @@ from capl.runtime.resources import (
     Resource,
 )
 from capl.testbed import ControlPlane
-from capl.testbed.capi import CapiAssets, CapiMissing
+from capl.testbed.capi import CapiMissing
 from capl.testbed.caplmanager import INFRA_PROVIDER, REPO, CaplManager
 from capl.testbed.clusterctl import (
     LocalProvider,
@@ -67,13 +66,13 @@ from tests.e2e.harness import (
     KubeletStandIn,
     LibvirtView,
     Management,
+    ManagementParts,
     WorkloadCluster,
-    create_workload_cluster,
     is_true,
     name_of,
     report,
-    start_management,
-    teardown_cluster,
+    serving_kubelet,
+    workload_cluster,
 )
 from tests.fixtures.capi import ControlPlaneFactory, record_timing
 from tests.fixtures.capl import CaplManagerFactory
@@ -108,25 +107,10 @@ def next_release(release_dir: Path, libvirt_provider: LocalProvider) -> LocalPro
 
 @pytest.fixture(scope="module")
 async def management(
-    control_plane_factory: ControlPlaneFactory,
-    capi_assets: CapiAssets,
-    libvirt_provider: LocalProvider,
-    next_release: LocalProvider,
-    capl_manager_factory: CaplManagerFactory,
-    tmp_path_factory: pytest.TempPathFactory,
+    management_parts: ManagementParts, next_release: LocalProvider
 ) -> AsyncIterator[Management]:
-    mgmt = await start_management(
-        name="upgrade",
-        plane_factory=control_plane_factory,
-        capi=capi_assets,
-        provider=libvirt_provider,
-        capl_factory=capl_manager_factory,
-        workdir=tmp_path_factory.mktemp("management-upgrade"),
-    )
-    try:
+    async with management_parts.running("upgrade") as mgmt:
         yield mgmt
-    finally:
-        await mgmt.close()
 
 
 @pytest.fixture(scope="module")
@@ -139,14 +123,8 @@ async def workload_plane(control_plane_factory: ControlPlaneFactory) -> ControlP
 
 @pytest.fixture(scope="module")
 async def kubelet(workload_plane: ControlPlane, view: LibvirtView) -> AsyncIterator[KubeletStandIn]:
-    api = await KubeClient.connect(str(workload_plane.kubeconfig))
-    stand_in = KubeletStandIn(workload=api, view=view)
-    stand_in.start()
-    try:
+    async with serving_kubelet(workload_plane, view) as stand_in:
         yield stand_in
-    finally:
-        await stand_in.stop()
-        await api.close()
 
 
 @pytest.fixture(scope="module")
@@ -154,26 +132,20 @@ async def cluster(
     management: Management,
     kubelet: KubeletStandIn,
     workload_plane: ControlPlane,
-    view: LibvirtView,
     guest_image: Path,
     libvirtd_uri: str,
 ) -> AsyncIterator[WorkloadCluster]:
-    workload = await create_workload_cluster(
+    async with workload_cluster(
         management,
         namespace=f"e2e-upgrade-{secrets.token_hex(3)}",
         name="up",
-        view=view,
         kubelet=kubelet,
         workload_plane=workload_plane,
         guest_image=guest_image,
         uri=libvirtd_uri,
         ignition_workers=1,
-    )
-    try:
+    ) as workload:
         yield workload
-    finally:
-        leftovers = await teardown_cluster(workload)
-        assert not leftovers, f"had to remove by hand: {leftovers}"
 
 
 async def kubectl_json(plane: ControlPlane, *args: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """`clusterctl move` of a running workload cluster between two management clusters.
 
 Three control planes: management clusters `source` and `target` (each with `clusterctl init`,
-its own Cluster API core manager and its own `capl manager`, tests/e2e/harness.py), and a
+its own Cluster API core manager and its own `capl manager`, tests/e2e/harness/), and a
 third API server that plays the workload cluster's (the stand-in kubelet registers the
 guests' Nodes there; `<cluster>-kubeconfig` points at it), so after the move the source
 management cluster holds nothing of the cluster at all.
@@ -48,8 +48,6 @@ from capl.runtime.resources import (
     Resource,
 )
 from capl.testbed import ControlPlane
-from capl.testbed.capi import CapiAssets
-from capl.testbed.clusterctl import LocalProvider
 from tests.e2e.harness import (
     MACHINE_DEPLOYMENT,
     MACHINE_SET,
@@ -57,17 +55,16 @@ from tests.e2e.harness import (
     KubeletStandIn,
     LibvirtView,
     Management,
+    ManagementParts,
     WorkloadCluster,
-    create_workload_cluster,
     delete_cluster,
     internal_ip,
     is_true,
     name_of,
-    start_management,
-    teardown_cluster,
+    serving_kubelet,
+    workload_cluster,
 )
 from tests.fixtures.capi import ControlPlaneFactory, record_timing
-from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
@@ -87,30 +84,12 @@ CLUSTER_KINDS: tuple[Resource, ...] = (*LIVE_KINDS, LIBVIRT_MACHINE_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
-async def pair(
-    control_plane_factory: ControlPlaneFactory,
-    capi_assets: CapiAssets,
-    libvirt_provider: LocalProvider,
-    capl_manager_factory: CaplManagerFactory,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[tuple[Management, Management]]:
-    made: list[Management] = []
-    try:
-        for name in ("source", "target"):
-            made.append(
-                await start_management(
-                    name=name,
-                    plane_factory=control_plane_factory,
-                    capi=capi_assets,
-                    provider=libvirt_provider,
-                    capl_factory=capl_manager_factory,
-                    workdir=tmp_path_factory.mktemp(f"management-{name}"),
-                )
-            )
-        yield made[0], made[1]
-    finally:
-        for mgmt in reversed(made):
-            await mgmt.close()
+async def pair(management_parts: ManagementParts) -> AsyncIterator[tuple[Management, Management]]:
+    async with (
+        management_parts.running("source") as source,
+        management_parts.running("target") as target,
+    ):
+        yield source, target
 
 
 @pytest.fixture(scope="module")
@@ -123,14 +102,8 @@ async def workload_plane(control_plane_factory: ControlPlaneFactory) -> ControlP
 
 @pytest.fixture(scope="module")
 async def kubelet(workload_plane: ControlPlane, view: LibvirtView) -> AsyncIterator[KubeletStandIn]:
-    api = await KubeClient.connect(str(workload_plane.kubeconfig))
-    stand_in = KubeletStandIn(workload=api, view=view)
-    stand_in.start()
-    try:
+    async with serving_kubelet(workload_plane, view) as stand_in:
         yield stand_in
-    finally:
-        await stand_in.stop()
-        await api.close()
 
 
 @pytest.fixture(scope="module")
@@ -138,27 +111,21 @@ async def cluster(
     pair: tuple[Management, Management],
     kubelet: KubeletStandIn,
     workload_plane: ControlPlane,
-    view: LibvirtView,
     guest_image: Path,
     libvirtd_uri: str,
 ) -> AsyncIterator[WorkloadCluster]:
     source, _target = pair
-    workload = await create_workload_cluster(
+    async with workload_cluster(
         source,
         namespace=f"e2e-move-{secrets.token_hex(3)}",
         name="mv",
-        view=view,
         kubelet=kubelet,
         workload_plane=workload_plane,
         guest_image=guest_image,
         uri=libvirtd_uri,
         ignition_workers=1,
-    )
-    try:
+    ) as workload:
         yield workload
-    finally:
-        leftovers = await teardown_cluster(workload)
-        assert not leftovers, f"had to remove by hand: {leftovers}"
 
 
 def fingerprint(facts: dict[str, DomainFacts]) -> dict[str, tuple[str, int, int]]:

@@ -1,7 +1,7 @@
 """A workload cluster of real TCG guests driven by the real Cluster API and `capl manager`.
 
 One management cluster for the module (`clusterctl init` + Cluster API core + `capl manager`
-as processes, tests/e2e/harness.py) and one workload cluster from the `testbed` flavor:
+as processes, tests/e2e/harness/) and one workload cluster from the `testbed` flavor:
 a stand-alone control-plane Machine (Ignition, with a hostname), MachineDeployment
 `md-ignition` (a shared Ignition config, no hostname: the node name comes from DHCP) and
 `md-cloud-config` (#cloud-config: the hostname from capl's NoCloud meta-data). The stand-in
@@ -46,8 +46,6 @@ from capl.runtime.resources import (
     MACHINE,
     NODE,
 )
-from capl.testbed.capi import CapiAssets
-from capl.testbed.clusterctl import LocalProvider
 from capl.testing.objects import condition_of
 from tests.e2e.harness import (
     CLONED_FROM_ANNOTATION,
@@ -59,8 +57,8 @@ from tests.e2e.harness import (
     KubeletStandIn,
     LibvirtView,
     Management,
+    ManagementParts,
     WorkloadCluster,
-    create_workload_cluster,
     delete_cluster,
     guest_summary,
     internal_ip,
@@ -68,11 +66,10 @@ from tests.e2e.harness import (
     name_of,
     report,
     resolve_a,
-    start_management,
-    teardown_cluster,
+    serving_kubelet,
+    workload_cluster,
 )
-from tests.fixtures.capi import ControlPlaneFactory, record_timing
-from tests.fixtures.capl import CaplManagerFactory
+from tests.fixtures.capi import record_timing
 from tests.fixtures.common import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
@@ -83,63 +80,33 @@ MIB = 1024
 
 
 @pytest.fixture(scope="module")
-async def management(
-    control_plane_factory: ControlPlaneFactory,
-    capi_assets: CapiAssets,
-    libvirt_provider: LocalProvider,
-    capl_manager_factory: CaplManagerFactory,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[Management]:
-    mgmt = await start_management(
-        name="workload",
-        plane_factory=control_plane_factory,
-        capi=capi_assets,
-        provider=libvirt_provider,
-        capl_factory=capl_manager_factory,
-        workdir=tmp_path_factory.mktemp("management"),
-    )
-    try:
+async def management(management_parts: ManagementParts) -> AsyncIterator[Management]:
+    async with management_parts.running("workload") as mgmt:
         yield mgmt
-    finally:
-        await mgmt.close()
 
 
 @pytest.fixture(scope="module")
 async def kubelet(management: Management, view: LibvirtView) -> AsyncIterator[KubeletStandIn]:
-    stand_in = KubeletStandIn(workload=management.api, view=view)
-    stand_in.start()
-    try:
+    async with serving_kubelet(management.api, view) as stand_in:
         yield stand_in
-    finally:
-        await stand_in.stop()
 
 
 @pytest.fixture(scope="module")
 async def cluster(
-    management: Management,
-    kubelet: KubeletStandIn,
-    view: LibvirtView,
-    guest_image: Path,
-    libvirtd_uri: str,
+    management: Management, kubelet: KubeletStandIn, guest_image: Path, libvirtd_uri: str
 ) -> AsyncIterator[WorkloadCluster]:
-    workload = await create_workload_cluster(
+    async with workload_cluster(
         management,
         # unique per run: libvirt is shared by every test session on this machine
         namespace=f"e2e-wl-{secrets.token_hex(3)}",
         name=CLUSTER_NAME,
-        view=view,
         kubelet=kubelet,
-        workload_plane=management.plane,
         guest_image=guest_image,
         uri=libvirtd_uri,
         ignition_workers=1,
         cloud_config_workers=1,
-    )
-    try:
+    ) as workload:
         yield workload
-    finally:
-        leftovers = await teardown_cluster(workload)
-        assert not leftovers, f"had to remove by hand: {leftovers}"
 
 
 # --- helpers -----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Cluster API's in-place updates with capl's runtime extension: the real Cluster API core
 manager (v1.13, feature gates RuntimeSDK and InPlaceUpdates on), `capl manager` serving the
 extension on its webhook port, an ExtensionConfig pointing Cluster API at it, and a workload
-cluster of TCG guests (tests/e2e/harness.py).
+cluster of TCG guests (the e2e harness, tests/e2e/harness/, and its fixtures).
 
 - a MachineDeployment whose new LibvirtMachineTemplate only grows the root disk is updated in
   place: the same Machine, LibvirtMachine and domain (UUID), the LibvirtMachine's spec has
@@ -35,21 +35,18 @@ import pytest
 
 from capl.runtime.objects import Obj, ObjectKey
 from capl.runtime.resources import LIBVIRT_MACHINE, LIBVIRT_MACHINE_TEMPLATE, MACHINE, Resource
-from capl.testbed.capi import CapiAssets
-from capl.testbed.clusterctl import LocalProvider
 from tests.e2e.harness import (
     MACHINE_DEPLOYMENT,
     KubeletStandIn,
     LibvirtView,
     Management,
+    ManagementParts,
     WorkloadCluster,
-    create_workload_cluster,
     name_of,
-    start_management,
-    teardown_cluster,
+    serving_kubelet,
+    workload_cluster,
 )
-from tests.fixtures.capi import ControlPlaneFactory, record_timing
-from tests.fixtures.capl import CaplManagerFactory
+from tests.fixtures.capi import record_timing
 from tests.fixtures.common import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
@@ -64,27 +61,11 @@ EXTENSION_CONFIG = Resource(
 
 
 @pytest.fixture(scope="module")
-async def management(
-    control_plane_factory: ControlPlaneFactory,
-    capi_assets: CapiAssets,
-    libvirt_provider: LocalProvider,
-    capl_manager_factory: CaplManagerFactory,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[Management]:
-    mgmt = await start_management(
-        name="inplace",
-        plane_factory=control_plane_factory,
-        capi=capi_assets,
-        provider=libvirt_provider,
-        capl_factory=capl_manager_factory,
-        workdir=tmp_path_factory.mktemp("management"),
-        core_feature_gates={"RuntimeSDK": True, "InPlaceUpdates": True},
-    )
-    try:
+async def management(management_parts: ManagementParts) -> AsyncIterator[Management]:
+    gates = {"RuntimeSDK": True, "InPlaceUpdates": True}
+    async with management_parts.running("inplace", core_feature_gates=gates) as mgmt:
         await _register_extension(mgmt)
         yield mgmt
-    finally:
-        await mgmt.close()
 
 
 async def _register_extension(mgmt: Management) -> None:
@@ -114,38 +95,24 @@ async def _register_extension(mgmt: Management) -> None:
 
 @pytest.fixture(scope="module")
 async def kubelet(management: Management, view: LibvirtView) -> AsyncIterator[KubeletStandIn]:
-    stand_in = KubeletStandIn(workload=management.api, view=view)
-    stand_in.start()
-    try:
+    async with serving_kubelet(management.api, view) as stand_in:
         yield stand_in
-    finally:
-        await stand_in.stop()
 
 
 @pytest.fixture(scope="module")
 async def cluster(
-    management: Management,
-    kubelet: KubeletStandIn,
-    view: LibvirtView,
-    guest_image: Path,
-    libvirtd_uri: str,
+    management: Management, kubelet: KubeletStandIn, guest_image: Path, libvirtd_uri: str
 ) -> AsyncIterator[WorkloadCluster]:
-    workload = await create_workload_cluster(
+    async with workload_cluster(
         management,
         namespace=f"e2e-ip-{secrets.token_hex(3)}",
         name=CLUSTER_NAME,
-        view=view,
         kubelet=kubelet,
-        workload_plane=management.plane,
         guest_image=guest_image,
         uri=libvirtd_uri,
         ignition_workers=1,
-    )
-    try:
+    ) as workload:
         yield workload
-    finally:
-        leftovers = await teardown_cluster(workload)
-        assert not leftovers, f"had to remove by hand: {leftovers}"
 
 
 async def _new_template(cluster: WorkloadCluster, md: Obj, name: str, **changes: Any) -> str:

@@ -141,9 +141,16 @@ async def create_objects(
     domain_uuid: str,
     machine: str,
     network: str = "default",
+    host: str = "local",
+    credentials: str | None = None,
 ) -> None:
+    """A LibvirtCluster with one host (`host` at `uri`; `credentials`: the name of its
+    credentials Secret) and a LibvirtMachine `machine` on it, pointing at `domain_uuid`."""
     objs = client.CustomObjectsApi(api_client)
     cluster = f"{machine}-cluster"
+    host_ref: dict[str, Any] = {"name": host, "uri": uri}
+    if credentials is not None:
+        host_ref["credentialsRef"] = {"name": credentials}
     await objs.create_namespaced_custom_object(
         GROUP,
         VERSION,
@@ -153,7 +160,7 @@ async def create_objects(
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "LibvirtCluster",
             "metadata": {"name": cluster, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
-            "spec": {"hosts": [{"name": "local", "uri": uri}], "network": {"name": network}},
+            "spec": {"hosts": [host_ref], "network": {"name": network}},
         },
     )
     await objs.create_namespaced_custom_object(
@@ -167,7 +174,7 @@ async def create_objects(
             "metadata": {"name": machine, "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
             "spec": {
                 "image": {"volume": "base.qcow2"},
-                "hostName": "local",
+                "hostName": host,
                 "domainUUID": domain_uuid,
                 "providerID": f"libvirt:///{domain_uuid}",
             },

@@ -7,7 +7,9 @@ LibvirtCluster/LibvirtMachine objects are made by hand and point at it (no manag
 
 - VNC: the port `capl vnc` prints answers the RFB handshake, and the ServerInit names this
   guest's QEMU (so the bytes come from its display); QEMU listens on no TCP port. The same
-  through a qemu+ssh:// host (``ssh -L`` to the display's socket, the Secret's key).
+  through a qemu+ssh:// host (``ssh -L`` to the display's socket, the Secret's key) whose
+  sshd has the test beds' policy (capl.testbed.sshd: local forwards); one that allows no
+  forwards is reported with the cause.
 - Snapshots: what the guest writes after a memory snapshot (a file in its RAM-backed root, a
   marker on its disk) is gone after `capl snapshot revert`, which resumes the guest without
   a boot; ``snapshot_guard`` (the day-2 library form, disk-only) keeps a change that works
@@ -23,15 +25,12 @@ import os
 import re
 import secrets
 import select
-import signal
-import socket
-import struct
 import subprocess
-import sys
 import time
 import uuid as uuidlib
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import libvirt
@@ -39,28 +38,18 @@ import pytest
 from kubernetes_asyncio import client
 
 from capl.ports.virt.snapshots import SnapshotKind, snapshot_guard
-from capl.testbed.process import ManagedProcess
-from capl.testbed.sshd import sshd_config
 from capl.testing.objects import random_mac
 from capl.virt import LibvirtHost
 from capl.virt.snapshot import LibvirtSnapshots
 from tests.fixtures.libvirt import Guest, LibvirtBed, guest_domain_xml, record_timing
-from tests.fixtures.transports import (
-    LOOPBACK,
-    SSHD,
-    SshServer,
-    generate_ssh_key,
-    ssh_server,
-    start_listening,
-)
+from tests.fixtures.transports import SshServer, running_sshd, ssh_server
+from tests.fixtures.vnc import CAPL, vnc_session
 from tests.libvirtd.test_console_cli import create_objects
 
 __all__ = ["ssh_server"]  # the session fixture, registered by this import
 
 pytestmark = [pytest.mark.libvirtd, pytest.mark.apiserver]
-GROUP, VERSION = "infrastructure.cluster.x-k8s.io", "v1alpha1"
 
-CAPL = str(Path(sys.executable).with_name("capl"))
 BOOT_TIMEOUT = 420  # a TCG boot takes ~10-30 s; 300 s was seen with the 2 cores shared
 CLI_TIMEOUT = 120
 GUEST_MIB = 128  # what a memory snapshot saves and a revert restores: keep it small
@@ -136,201 +125,114 @@ async def capl(*args: str) -> tuple[int | None, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-def rfb_server_init(port: int) -> tuple[bytes, str]:
-    """The RFB 3.8 handshake up to ServerInit: (version line, desktop name)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        reader = s.makefile("rb")
-        version = reader.read(12)
-        s.sendall(b"RFB 003.008\n")
-        (count,) = reader.read(1)
-        types = reader.read(count)
-        assert 1 in types, f"no 'None' security type offered: {types!r}"
-        s.sendall(b"\x01")
-        assert reader.read(4) == b"\0\0\0\0", "security handshake failed"
-        s.sendall(b"\x01")  # ClientInit: shared
-        header = reader.read(24)
-        (length,) = struct.unpack(">I", header[20:24])
-        return version, reader.read(length).decode()
+@dataclass(frozen=True)
+class Cli:
+    """`capl` against the test's namespace and API server, and the machines it acts on."""
 
+    api_client: client.ApiClient
+    namespace: str
+    kubeconfig: Path
 
-def machine_args(namespace: str, kubeconfig: Path) -> list[str]:
-    return ["-n", namespace, "--kubeconfig", str(kubeconfig)]
+    @property
+    def args(self) -> list[str]:
+        return ["-n", self.namespace, "--kubeconfig", str(self.kubeconfig)]
 
+    async def ok(self, *command: str) -> str:
+        """`capl COMMAND...` must succeed; its stdout."""
+        code, out, err = await capl(*command, *self.args)
+        assert code == 0, err
+        return out
 
-def _vnc_session(
-    guest: Guest, namespace: str, kubeconfig: Path, *, machine: str = "vnc-0", host: str = "local"
-) -> float:
-    """`capl vnc` as a user runs it: read the port, connect twice, stop it with SIGTERM."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen(
-        [CAPL, "vnc", machine, *machine_args(namespace, kubeconfig)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-    )
-    try:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 60)
-        assert ready, "capl vnc printed no address in 60 s"
-        line = proc.stdout.readline().decode()
-        found = re.fullmatch(
-            rf"VNC of (\S+) \(domain (\S+) on {host}\) at 127\.0\.0\.1:(\d+)\n", line
+    async def refused(self, code: int, *command: str, says: str) -> None:
+        """`capl COMMAND...` must exit with `code`, saying `says` and no traceback."""
+        got, _, err = await capl(*command, *self.args)
+        assert got == code, err
+        assert says in err, err
+        assert "Traceback" not in err, err
+
+    async def local_machine(self, machine: str, guest: Guest) -> None:
+        """A LibvirtMachine `machine` on qemu:///system pointing at `guest`."""
+        await create_objects(
+            self.api_client,
+            self.namespace,
+            uri="qemu:///system",
+            domain_uuid=guest.uuid,
+            machine=machine,
+            network=guest.bed.name,
         )
-        assert found, line
-        assert found.group(1) == f"{namespace}/{machine}"
-        assert found.group(2) == guest.uuid
-        port = int(found.group(3))
-        version, name = rfb_server_init(port)
-        elapsed = time.monotonic() - t0
-        assert version == b"RFB 003.008\n"
-        assert guest.name in name  # QEMU's desktop name is the domain's name
-        # a second viewer gets its own connection to the display
-        assert rfb_server_init(port)[0] == b"RFB 003.008\n"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=30)
-    assert proc.stderr is not None
-    err = proc.stderr.read().decode()
-    assert code == 0, err
-    assert "Traceback" not in err
-    return elapsed
+
+    async def ssh_machine(self, machine: str, guest: Guest, server: SshServer) -> None:
+        """A LibvirtMachine `machine` pointing at `guest` through `server`'s qemu+ssh:// URI
+        (host ``remote``), with a credentials Secret (the key and pinned host key)."""
+        secret = {k: base64.b64encode(v).decode() for k, v in server.credentials().items()}
+        await client.CoreV1Api(self.api_client).create_namespaced_secret(
+            self.namespace,
+            client.V1Secret(metadata=client.V1ObjectMeta(name=f"{machine}-ssh"), data=secret),
+        )
+        await create_objects(
+            self.api_client,
+            self.namespace,
+            uri=server.uri(),
+            domain_uuid=guest.uuid,
+            machine=machine,
+            network=guest.bed.name,
+            host="remote",
+            credentials=f"{machine}-ssh",
+        )
 
 
-async def ok(*command: str) -> str:
-    code, out, err = await capl(*command)
-    assert code == 0, err
-    return out
+@pytest.fixture
+def cli(api_client: client.ApiClient, namespace: str, kubeconfig: Path) -> Cli:
+    return Cli(api_client, namespace, kubeconfig)
 
 
-async def test_vnc_serves_the_guest_display_on_a_loopback_port(
-    vnc_guest: Guest, api_client: client.ApiClient, namespace: str, kubeconfig: Path
-) -> None:
-    await create_objects(
-        api_client,
-        namespace,
-        uri="qemu:///system",
-        domain_uuid=vnc_guest.uuid,
-        machine="vnc-0",
-        network=vnc_guest.bed.name,
+def _vnc_session(guest: Guest, cli: Cli, *, machine: str, host: str) -> float:
+    """`capl vnc` on `machine` (pointing at `guest`): the display of this guest's QEMU."""
+    return vnc_session(
+        machine, *cli.args, namespace=cli.namespace, uuid=guest.uuid, host=host, desktop=guest.name
     )
+
+
+async def test_vnc_serves_the_guest_display_on_a_loopback_port(vnc_guest: Guest, cli: Cli) -> None:
+    await cli.local_machine("vnc-0", vnc_guest)
     graphics = ET.fromstring(vnc_guest.domain.XMLDesc(0)).find("./devices/graphics")
     assert graphics is not None
     assert graphics.get("port") is None, "a TCP port was opened"
     assert [listen.get("type") for listen in graphics.findall("listen")] == ["socket"]
 
-    timings = await asyncio.to_thread(_vnc_session, vnc_guest, namespace, kubeconfig)
-    record_timing("capl vnc: start to ServerInit", timings)
+    seconds = await asyncio.to_thread(_vnc_session, vnc_guest, cli, machine="vnc-0", host="local")
+    record_timing("capl vnc: start to ServerInit", seconds)
 
 
 @pytest.fixture(scope="module")
-def forwarding_sshd(
-    ssh_server: SshServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SshServer]:
-    """A private sshd on loopback like `ssh_server` (which checks OpenSSH is there and makes
-    /run/sshd), but with OpenSSH's default of allowing forwards (``AllowTcpForwarding
-    local``: a forward to a unix socket needs it)."""
-    workdir = tmp_path_factory.mktemp("sshd")
-    client_key, client_public = generate_ssh_key(workdir, "client_key")
-    (workdir / "authorized_keys").write_text(client_public + "\n")
-    _, host_public = generate_ssh_key(workdir, "host_key")
-
-    def sshd(ports: list[int]) -> ManagedProcess:
-        config = sshd_config(
-            listen=f"{LOOPBACK}:{ports[0]}",
-            host_key=workdir / "host_key",
-            authorized_keys=workdir / "authorized_keys",
-            pid_file=workdir / "sshd.pid",
-        ).replace(b"AllowTcpForwarding no", b"AllowTcpForwarding local")
-        (workdir / "sshd_config").write_bytes(config)
-        return ManagedProcess(
-            name="sshd-forwarding",
-            argv=[str(SSHD), "-D", "-e", "-f", str(workdir / "sshd_config")],
-            log_path=workdir / "sshd.log",
-        )
-
-    process, (port,) = start_listening(sshd, ports=1, what="sshd")
-    try:
-        yield SshServer(
-            port=port,
-            host_key_line=f"[{LOOPBACK}]:{port} {host_public}",
-            client_key=client_key,
-            process=process,
-        )
-    finally:
-        process.stop_sync(grace=5)
-
-
-async def _ssh_machine(
-    api_client: client.ApiClient, namespace: str, guest: Guest, server: SshServer, name: str
-) -> None:
-    """A LibvirtCluster whose host is `server`'s qemu+ssh:// URI with a credentials Secret,
-    and a LibvirtMachine `name` on it pointing at `guest`."""
-    secret = {k: base64.b64encode(v).decode() for k, v in server.credentials().items()}
-    await client.CoreV1Api(api_client).create_namespaced_secret(
-        namespace, client.V1Secret(metadata=client.V1ObjectMeta(name=f"{name}-ssh"), data=secret)
-    )
-    objs = client.CustomObjectsApi(api_client)
-    labels = {"cluster.x-k8s.io/cluster-name": f"{name}-cluster"}
-    host = {"name": "remote", "uri": server.uri(), "credentialsRef": {"name": f"{name}-ssh"}}
-    await objs.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        namespace,
-        "libvirtclusters",
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "LibvirtCluster",
-            "metadata": {"name": f"{name}-cluster", "labels": labels},
-            "spec": {"hosts": [host], "network": {"name": guest.bed.name}},
-        },
-    )
-    await objs.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        namespace,
-        "libvirtmachines",
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "LibvirtMachine",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {
-                "image": {"volume": "base.qcow2"},
-                "hostName": "remote",
-                "domainUUID": guest.uuid,
-                "providerID": f"libvirt:///{guest.uuid}",
-            },
-        },
-    )
+def strict_sshd() -> Iterator[SshServer]:
+    """A private sshd on loopback that allows no forwarding at all."""
+    with running_sshd(forwarding=False, name="sshd-strict") as server:
+        yield server
 
 
 async def test_vnc_through_ssh_to_a_remote_host(
-    vnc_guest: Guest,
-    forwarding_sshd: SshServer,
-    ssh_server: SshServer,
-    api_client: client.ApiClient,
-    namespace: str,
-    kubeconfig: Path,
+    vnc_guest: Guest, ssh_server: SshServer, strict_sshd: SshServer, cli: Cli
 ) -> None:
-    """`capl vnc` on a qemu+ssh:// host: ``ssh -L`` to the display's unix socket."""
-    await _ssh_machine(api_client, namespace, vnc_guest, forwarding_sshd, "vnc-ssh")
+    """`capl vnc` on a qemu+ssh:// host: ``ssh -L`` to the display's unix socket, through an
+    sshd with the test beds' policy (capl.testbed.sshd: local forwards)."""
+    await cli.ssh_machine("vnc-ssh", vnc_guest, ssh_server)
     seconds = await asyncio.to_thread(
-        _vnc_session, vnc_guest, namespace, kubeconfig, machine="vnc-ssh", host="remote"
+        _vnc_session, vnc_guest, cli, machine="vnc-ssh", host="remote"
     )
     record_timing("capl vnc over qemu+ssh: start to ServerInit", seconds)
 
     # an sshd that allows no forwarding: refused with the cause, nothing left running
-    await _ssh_machine(api_client, namespace, vnc_guest, ssh_server, "vnc-strict")
-    code, _, err = await capl("vnc", "vnc-strict", *machine_args(namespace, kubeconfig))
-    assert code == 1, err
-    assert "did not forward to the VNC display's socket (sshd must allow forwarding" in err
+    await cli.ssh_machine("vnc-strict", vnc_guest, strict_sshd)
+    await cli.refused(
+        1,
+        "vnc",
+        "vnc-strict",
+        says="did not forward to the VNC display's socket (sshd must allow forwarding",
+    )
 
 
-async def test_vnc_bad_input(
-    shared_test_driver: str,
-    api_client: client.ApiClient,
-    namespace: str,
-    kubeconfig: Path,
-) -> None:
+async def test_vnc_bad_input(shared_test_driver: str, cli: Cli) -> None:
     # a running domain without a VNC display, on libvirtd's shared test driver
     conn = libvirt.open(shared_test_driver)
     plain = str(uuidlib.uuid4())
@@ -341,23 +243,31 @@ async def test_vnc_bad_input(
     domain.create()
     try:
         await create_objects(
-            api_client, namespace, uri=shared_test_driver, domain_uuid=plain, machine="plain-0"
+            cli.api_client,
+            cli.namespace,
+            uri=shared_test_driver,
+            domain_uuid=plain,
+            machine="plain-0",
         )
-        code, _, err = await capl("vnc", "plain-0", *machine_args(namespace, kubeconfig))
+        await cli.refused(
+            1,
+            "vnc",
+            "plain-0",
+            says=f"the domain of {cli.namespace}/plain-0 has no VNC display (set spec.vnc: true",
+        )
     finally:
         domain.destroy()
         domain.undefine()
         conn.close()
-    assert code == 1, err
-    assert f"the domain of {namespace}/plain-0 has no VNC display (set spec.vnc: true" in err
-    code, _, err = await capl("vnc", "nope-0", *machine_args(namespace, kubeconfig))
-    assert code == 3, err
-    assert "nope-0" in err
-    code, _, err = await capl(
-        "vnc", "plain-0", "--address", "0.0.0.0", *machine_args(namespace, kubeconfig)
+    await cli.refused(3, "vnc", "nope-0", says="nope-0")
+    await cli.refused(
+        2,
+        "vnc",
+        "plain-0",
+        "--address",
+        "0.0.0.0",
+        says="--address 0.0.0.0 is not a loopback address",
     )
-    assert code == 2
-    assert "--address 0.0.0.0 is not a loopback address" in err
 
 
 def _disk_marker(guest: Guest) -> str:
@@ -383,32 +293,25 @@ def _write_after(guest: Guest, token: str) -> None:
 
 
 async def test_snapshot_revert_discards_what_was_written_after_it(
-    vnc_guest: Guest, api_client: client.ApiClient, namespace: str, kubeconfig: Path
+    vnc_guest: Guest, cli: Cli
 ) -> None:
     """The operator's path: `capl snapshot create --memory`, list, revert, delete."""
-    await create_objects(
-        api_client,
-        namespace,
-        uri="qemu:///system",
-        domain_uuid=vnc_guest.uuid,
-        machine="snap-0",
-        network=vnc_guest.bed.name,
-    )
-    args = machine_args(namespace, kubeconfig)
+    await cli.local_machine("snap-0", vnc_guest)
+    namespace = cli.namespace
 
     t0 = time.monotonic()
-    await ok("snapshot", "create", "snap-0", "live", "--memory", *args)
+    await cli.ok("snapshot", "create", "snap-0", "live", "--memory")
     record_timing(f"capl snapshot create --memory ({GUEST_MIB} MiB guest)", time.monotonic() - t0)
     token = secrets.token_hex(4)
     await asyncio.to_thread(_write_after, vnc_guest, token)
-    rows = [line.split() for line in (await ok("snapshot", "list", "snap-0", *args)).splitlines()]
+    rows = [line.split() for line in (await cli.ok("snapshot", "list", "snap-0")).splitlines()]
     assert rows[0] == ["NAME", "KIND", "CREATED", "STATE", "PARENT", "CURRENT"]
     assert [(r[0], r[1], r[3], r[4], r[5]) for r in rows[1:]] == [
         ("live", "memory", "running", "-", "*")
     ]
 
     t0 = time.monotonic()
-    out = await ok("snapshot", "revert", "snap-0", "live", *args)
+    out = await cli.ok("snapshot", "revert", "snap-0", "live")
     record_timing("capl snapshot revert (memory)", time.monotonic() - t0)
     assert out.strip() == f"{namespace}/snap-0 reverted to snapshot live"
     # the guest resumed from the saved RAM (no boot): the file and the disk marker are gone
@@ -416,7 +319,7 @@ async def test_snapshot_revert_discards_what_was_written_after_it(
     seen = await asyncio.to_thread(_disk_marker, vnc_guest)
     assert token not in seen, seen
 
-    out = await ok("snapshot", "delete", "snap-0", "live", *args)
+    out = await cli.ok("snapshot", "delete", "snap-0", "live")
     assert out.strip() == f"snapshot live of {namespace}/snap-0 merged and deleted"
     _assert_back_on_its_own_disk(vnc_guest)
 
@@ -482,27 +385,19 @@ def _host_read_last_sectors(disk: str) -> bytes:
     return bytes.fromhex("".join(h.replace(" ", "") for h in hex_bytes))
 
 
-async def test_snapshot_bad_input(
-    vnc_guest: Guest, api_client: client.ApiClient, namespace: str, kubeconfig: Path
-) -> None:
-    await create_objects(
-        api_client,
-        namespace,
-        uri="qemu:///system",
-        domain_uuid=vnc_guest.uuid,
-        machine="snap-1",
-        network=vnc_guest.bed.name,
+async def test_snapshot_bad_input(vnc_guest: Guest, cli: Cli) -> None:
+    await cli.local_machine("snap-1", vnc_guest)
+    await cli.refused(3, "snapshot", "create", "ghost-0", "s1", says="ghost-0")
+    await cli.refused(
+        3,
+        "snapshot",
+        "revert",
+        "snap-1",
+        "never-taken",
+        says="has no snapshot 'never-taken' (it has: none)",
     )
-    args = machine_args(namespace, kubeconfig)
-    code, _, err = await capl("snapshot", "create", "ghost-0", "s1", *args)
-    assert code == 3, err
-    assert "ghost-0" in err
-    assert "Traceback" not in err
-    code, _, err = await capl("snapshot", "revert", "snap-1", "never-taken", *args)
-    assert code == 3, err
-    assert "has no snapshot 'never-taken' (it has: none)" in err
-    code, _, err = await capl("snapshot", "create", "snap-1", "../etc", *args)
-    assert code == 2, err
-    assert "snapshot name '../etc' is invalid" in err
+    await cli.refused(
+        2, "snapshot", "create", "snap-1", "../etc", says="snapshot name '../etc' is invalid"
+    )
     state, _ = vnc_guest.state()
     assert state == libvirt.VIR_DOMAIN_RUNNING  # nothing was stopped by the refusals

@@ -15,12 +15,15 @@ reaches the address the cluster's API would be served on, across the LAN.
 Two TCG guests of the test guest image, one per host (``spec.hostName``), boot and get their
 addresses from the LAN's DHCP server; capl reports them in ``status.addresses`` (read through
 the guest agent: libvirt serves no DHCP on a host bridge). Then, typed on the serial consoles
-through capl's console adapter, each guest pings the other guest and the endpoint. Deleting
+through capl's console adapter, each guest pings the other guest and the endpoint; the
+worker's VNC display (``spec.vnc``) answers the RFB handshake through `capl vnc` over kvm3's
+ssh (``ssh -L`` to the display's socket: the beds' sshd allows local forwards). Deleting
 the cluster through the manager leaves nothing in libvirt on either host.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import time
 from collections.abc import AsyncIterator
@@ -30,6 +33,7 @@ from xml.etree import ElementTree
 import libvirt
 import pytest
 
+from capl.ports.naming import machine_names
 from capl.runtime.resources import LIBVIRT_MACHINE
 from capl.testbed import ControlPlane
 from capl.testbed.multihost import BedHost, MultihostBed
@@ -42,6 +46,7 @@ from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import eventually
 from tests.fixtures.libvirt import record_timing
 from tests.fixtures.libvirt_direct import open_libvirt
+from tests.fixtures.vnc import vnc_session
 from tests.multihost.guest import run_in_guest
 from tests.multihost.machines import create_cluster
 
@@ -60,13 +65,14 @@ async def bed(
         yield made
 
 
-def guest_spec(image: Path, host: str) -> dict[str, object]:
+def guest_spec(image: Path, host: str, *, vnc: bool = False) -> dict[str, object]:
     return {
         "image": {"path": str(image), "format": "qcow2"},
         "cpus": 1,
         "memoryMiB": 256,
         "domainType": "qemu",
         "hostName": host,
+        "vnc": vnc,
     }
 
 
@@ -225,7 +231,7 @@ async def test_nodes_on_two_hosts_reach_each_other_and_the_endpoint(
                 name,
                 bed.namespace,
                 cluster=cluster.name,
-                spec=guest_spec(guest_image, host),
+                spec=guest_spec(guest_image, host, vnc=name == "worker"),
                 control_plane=name == "cp",
             )
         ips = await wait_for_addresses(bed, multihost_bed, started)
@@ -246,6 +252,18 @@ async def test_nodes_on_two_hosts_reach_each_other_and_the_endpoint(
                 ran = await run_in_guest(console(name), uuids[name], f"ping -c 2 -w 10 {target}")
                 assert ran.status == 0, f"{name} on {ON[name]} -> {target}:\n{ran.output[-1500:]}"
         record_timing("multihost bridge: 4 pings typed on the consoles", time.monotonic() - t0)
+
+        # the worker's VNC display through kvm3's sshd (qemu+ssh://, the beds' sshd policy)
+        seconds = await asyncio.to_thread(
+            vnc_session,
+            "worker",
+            *("-n", bed.namespace, "--kubeconfig", str(control_plane.kubeconfig)),
+            namespace=bed.namespace,
+            uuid=uuids["worker"],
+            host=ON["worker"],
+            desktop=machine_names(namespace=bed.namespace, name="worker").domain,
+        )
+        record_timing("multihost bridge: capl vnc over qemu+ssh: start to ServerInit", seconds)
 
         t0 = time.monotonic()
         await bed.delete_cluster(cluster, within=180)

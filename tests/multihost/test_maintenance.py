@@ -2,7 +2,7 @@
 
 The bed (tests/multihost/conftest.py): kvm1 and kvm2 (``qemu+tls://``), each with bridge
 ``br-lan`` on one LAN whose DHCP server is the bed's dnsmasq, each with its own storage (disks
-are copied by a migration). The management cluster is the e2e harness's (tests/e2e/harness.py
+are copied by a migration). The management cluster is the e2e harness's (tests/e2e/harness/
 `start_management`): its own kube-apiserver, ``clusterctl init`` with capl's release, the
 Cluster API core manager and `capl manager` as processes, capl's webhooks on. No kubelet and
 no workload API server: the Machines stay at phase Provisioned (no nodeRef), which is all
@@ -49,38 +49,28 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
-import libvirt
 import pytest
 
 from capl.api import constants as c
 from capl.controllers.cluster_maintenance_plan import migration_name
-from capl.kube import KubeClient
 from capl.ports.naming import machine_names
-from capl.runtime.errors import NotFound
 from capl.runtime.objects import Obj, ObjectKey, get_path
 from capl.runtime.resources import (
     CLUSTER,
-    EVENT,
     LIBVIRT_CLUSTER,
     LIBVIRT_MACHINE,
     LIBVIRT_MACHINE_MIGRATION,
-    LIBVIRT_MACHINE_TEMPLATE,
     MACHINE,
     SECRET,
-    Resource,
 )
 from capl.testbed.capi import CapiAssets
-from capl.testbed.caplmanager import capl_command
 from capl.testbed.clusterctl import LocalProvider
 from capl.testbed.multihost import MultihostBed
 from capl.testing.objects import (
     b64,
-    bootstrap_secret_obj,
     cluster_obj,
     condition_of,
     create_machine_objects,
@@ -89,10 +79,6 @@ from capl.testing.objects import (
 from capl.virt import LibvirtHosts
 from tests.e2e.harness import (
     CAPL_E2E_ARGS,
-    CLUSTER_NAME_LABEL,
-    DEPLOYMENT_NAME_LABEL,
-    KUBERNETES_VERSION,
-    MACHINE_DEPLOYMENT,
     Management,
     internal_ip,
     start_management,
@@ -101,17 +87,26 @@ from tests.fixtures.capi import ControlPlaneFactory
 from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import eventually
 from tests.fixtures.libvirt import record_timing
-from tests.fixtures.libvirt_direct import open_libvirt, sweep_namespace
 from tests.multihost.machines import Worker, active_on, start_counter
+from tests.multihost.maintenance_site import (
+    BLOCKED,
+    BOOT,
+    CLUSTER_NAME,
+    ENDPOINT,
+    HOSTS,
+    Site,
+    control_plane_allowed,
+    create_machine_deployment,
+    events,
+    guest_spec,
+    host_status,
+    hosts_row,
+    maintenance_of,
+    teardown,
+    traces,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.apiserver, pytest.mark.libvirtd, pytest.mark.guest]
-
-CLUSTER_NAME = "maint"
-MD = f"{CLUSTER_NAME}-md"
-HOSTS = ("kvm1", "kvm2")
-ENDPOINT = {"host": "10.231.0.52", "port": 6443}
-BOOT = 240.0  # TCG guests on two shared cores
-BLOCKED = "stay: evictionStrategy None"
 
 
 @pytest.fixture(scope="module")
@@ -137,222 +132,6 @@ async def management(
         await mgmt.close()
 
 
-# --- the site: one namespace of the management cluster, the CLI, libvirt ------------------------
-
-
-@dataclass(frozen=True)
-class CliRun:
-    code: int
-    out: str
-    err: str
-
-
-@dataclass
-class Site:
-    management: Management
-    lan: MultihostBed
-    namespace: str
-    seen_hosts: dict[str, list[str]] = field(default_factory=dict)
-    """LibvirtMachine name -> every spec.hostName it was seen with, in order (the watcher)."""
-
-    @property
-    def api(self) -> KubeClient:
-        return self.management.api
-
-    async def create(self, resource: Resource, obj: Obj) -> Obj:
-        obj.setdefault("metadata", {})["namespace"] = self.namespace
-        return await self.api.resource(resource).create(obj)
-
-    async def get(self, resource: Resource, name: str) -> Obj | None:
-        try:
-            return await self.api.resource(resource).get(ObjectKey(self.namespace, name))
-        except NotFound:
-            return None
-
-    async def list(self, resource: Resource, selector: str | None = None) -> list[Obj]:
-        listing = await self.api.resource(resource).list(
-            namespace=self.namespace, label_selector=selector
-        )
-        return listing.items
-
-    async def wait(
-        self,
-        resource: Resource,
-        name: str,
-        predicate: Callable[[Obj], bool],
-        *,
-        within: float,
-        what: str,
-    ) -> Obj:
-        async def probe() -> Obj | None:
-            obj = await self.get(resource, name)
-            return obj if obj is not None and predicate(obj) else None
-
-        return await eventually(
-            probe, within=within, what=f"{resource.kind} {name}: {what}", explain=self.explain
-        )
-
-    async def wait_gone(self, resource: Resource, name: str, *, within: float) -> None:
-        async def gone() -> bool:
-            return await self.get(resource, name) is None
-
-        await eventually(
-            gone, within=within, what=f"{resource.kind} {name} gone", explain=self.explain
-        )
-
-    async def libvirt_cluster(self) -> Obj:
-        obj = await self.get(LIBVIRT_CLUSTER, CLUSTER_NAME)
-        assert obj is not None
-        return obj
-
-    async def wait_cluster(self, predicate: Callable[[Obj], bool], what: str) -> Obj:
-        return await self.wait(LIBVIRT_CLUSTER, CLUSTER_NAME, predicate, within=120, what=what)
-
-    async def md_machine(self) -> Obj | None:
-        """The MachineDeployment's Machine when it has exactly one, not being deleted."""
-        selector = f"{CLUSTER_NAME_LABEL}={CLUSTER_NAME},{DEPLOYMENT_NAME_LABEL}={MD}"
-        found = await self.list(MACHINE, selector)
-        if len(found) != 1 or found[0]["metadata"].get("deletionTimestamp"):
-            return None
-        return found[0]
-
-    async def capl(self, *argv: str) -> CliRun:
-        """The real CLI as a subprocess against the management cluster's kubeconfig."""
-        proc = await asyncio.create_subprocess_exec(
-            *capl_command(),
-            *argv,
-            "-n",
-            self.namespace,
-            "--kubeconfig",
-            str(self.management.plane.kubeconfig),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise
-        assert proc.returncode is not None
-        return CliRun(proc.returncode, out.decode(), err.decode())
-
-    async def watch_hosts(self) -> None:
-        """Record every spec.hostName every LibvirtMachine of the namespace shows (polls
-        until cancelled): proves where a machine never was."""
-        while True:
-            for lm in await self.list(LIBVIRT_MACHINE):
-                host = get_path(lm, "spec", "hostName")
-                seen = self.seen_hosts.setdefault(lm["metadata"]["name"], [])
-                if host and (not seen or seen[-1] != host):
-                    seen.append(str(host))
-            await asyncio.sleep(0.25)
-
-    async def explain(self) -> str:
-        lines: list[str] = []
-        with contextlib.suppress(Exception):
-            lc = await self.libvirt_cluster()
-            for entry in get_path(lc, "status", "hosts") or ():
-                lines.append(f"host {entry.get('name')}: maintenance={entry.get('maintenance')}")
-            lines.append(f"failureDomains: {get_path(lc, 'status', 'failureDomains')}")
-            for m in await self.list(MACHINE):
-                lines.append(
-                    f"Machine {m['metadata']['name']}: phase={get_path(m, 'status', 'phase')} "
-                    f"deleting={bool(m['metadata'].get('deletionTimestamp'))}"
-                )
-            for lm in await self.list(LIBVIRT_MACHINE):
-                ready = condition_of(lm, c.ConditionType.READY)
-                lines.append(
-                    f"LibvirtMachine {lm['metadata']['name']}: "
-                    f"hostName={get_path(lm, 'spec', 'hostName')} "
-                    f"host={get_path(lm, 'status', 'host')} "
-                    f"migrationTarget={get_path(lm, 'spec', 'migrationTarget')} "
-                    f"ip={internal_ip(lm)} Ready={ready.get('status')} {ready.get('reason')} "
-                    f"{str(ready.get('message'))[:200]}"
-                )
-            for mig in await self.list(LIBVIRT_MACHINE_MIGRATION):
-                status = mig.get("status") or {}
-                lines.append(
-                    f"migration {mig['metadata']['name']}: {status.get('phase')} "
-                    f"{status.get('sourceHost')}->{status.get('targetHost')} "
-                    f"{status.get('message')}"
-                )
-        return "\n".join(lines)
-
-
-def host_status(lc: Obj, name: str) -> dict[str, Any]:
-    for entry in get_path(lc, "status", "hosts") or ():
-        if entry.get("name") == name:
-            return dict(entry)
-    return {}
-
-
-def maintenance_of(lc: Obj, name: str) -> dict[str, Any] | None:
-    value = host_status(lc, name).get("maintenance")
-    return dict(value) if value is not None else None
-
-
-def control_plane_allowed(obj: Obj, name: str) -> bool | None:
-    """status.failureDomains[name].controlPlane (LibvirtCluster or Cluster)."""
-    for fd in get_path(obj, "status", "failureDomains") or ():
-        if fd.get("name") == name:
-            return bool(fd.get("controlPlane"))
-    return None
-
-
-def guest_spec(image: Path, strategy: str) -> dict[str, Any]:
-    return {
-        "image": {"path": str(image), "format": "qcow2"},
-        "cpus": 1,
-        "memoryMiB": 256,
-        "domainType": "qemu",
-        "evictionStrategy": strategy,
-    }
-
-
-def traces(lan: MultihostBed, host: str, namespace: str) -> list[str]:
-    """Everything of the namespace on a host, read directly: domains (by name or capl's
-    owner tag), storage pools, volumes in any pool, networks."""
-    conn = open_libvirt(lan.host(host).local_uri)
-    try:
-        found = [f"domain {d.name()}" for d in conn.listAllDomains() if namespace in d.name()]
-        for pool in conn.listAllStoragePools():
-            if namespace in pool.name():
-                found.append(f"pool {pool.name()}")
-            if pool.isActive():
-                with contextlib.suppress(libvirt.libvirtError):
-                    pool.refresh(0)
-                found += [
-                    f"volume {v.name()}" for v in pool.listAllVolumes() if namespace in v.name()
-                ]
-        found += [f"network {n.name()}" for n in conn.listAllNetworks() if namespace in n.name()]
-        return sorted(found)
-    finally:
-        conn.close()
-
-
-def hosts_row(plain: str, host: str) -> list[str]:
-    """The cells of `host`'s row in `capl hosts` plain output."""
-    for line in plain.splitlines():
-        cells = line.split()
-        if cells and cells[0] == host:
-            return cells
-    raise AssertionError(f"no row for {host} in:\n{plain}")
-
-
-async def events(site: Site, reason: str, host: str = "kvm1") -> set[tuple[str, str]]:
-    """(type, message) of the Events with `reason` about the LibvirtCluster and `host`
-    (every maintenance Event's message starts with ``host <name>`` and a space or colon)."""
-    return {
-        (str(e.get("type")), str(e.get("message")))
-        for e in await site.list(EVENT)
-        if (e.get("involvedObject") or {}).get("name") == CLUSTER_NAME
-        and (e.get("involvedObject") or {}).get("kind") == c.Kind.LIBVIRT_CLUSTER.value
-        and e.get("reason") == reason
-        and str(e.get("message")).startswith((f"host {host} ", f"host {host}:"))
-    }
-
-
 # --- the test ---------------------------------------------------------------------------------
 
 
@@ -368,103 +147,15 @@ async def test_maintenance_moves_replaces_and_blocks_then_ends(
     watcher: asyncio.Task[None] | None = None
     network = pool = None
     try:
-        # -- the cluster, on kvm1 and kvm2 in bridge mode
-        entries = []
-        for name in HOSTS:
-            bed_host = multihost_bed.host(name)
-            await site.create(
-                SECRET,
-                {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "metadata": {"name": f"{name}-credentials"},
-                    "data": {k: b64(v) for k, v in bed_host.credentials.items()},
-                },
-            )
-            entries.append(
-                {
-                    "name": name,
-                    "uri": bed_host.uri,
-                    "credentialsRef": {"name": f"{name}-credentials"},
-                }
-            )
-        cluster = await site.create(
-            CLUSTER, cluster_obj(CLUSTER_NAME, namespace, libvirt_cluster=CLUSTER_NAME)
-        )
-        lc = libvirt_cluster_obj(
-            CLUSTER_NAME,
-            namespace,
-            cluster=cluster,
-            hosts=entries,
-            mode="bridge",
-            bridge=multihost_bed.host_bridge,
-        )
-        lc["spec"]["controlPlaneEndpoint"] = dict(ENDPOINT)
-        # as a user writes it: Cluster API's Cluster controller adds owner and label
-        del lc["metadata"]["ownerReferences"], lc["metadata"]["labels"]
-        made = await site.create(LIBVIRT_CLUSTER, lc)
+        made = await create_cluster(site)
         network = made["spec"]["network"].get("name")
         pool = made["spec"]["storagePool"]["name"]
-        provisioned = await site.wait_cluster(
-            lambda o: bool(get_path(o, "status", "initialization", "provisioned")),
-            "provisioned on kvm1 and kvm2",
-        )
-        owners = provisioned["metadata"].get("ownerReferences") or []
-        assert [(o["kind"], o["name"]) for o in owners] == [("Cluster", CLUSTER_NAME)]
-        await site.wait(
-            CLUSTER,
-            CLUSTER_NAME,
-            lambda o: bool(get_path(o, "status", "initialization", "infrastructureProvisioned")),
-            within=60,
-            what="infrastructure provisioned (Cluster API)",
-        )
+        provisioned = await wait_provisioned(site)
         t_cluster = time.monotonic()
 
-        # -- kvm2 cordoned while the three machines are placed, so they all go on kvm1
-        cordon = await site.capl(
-            "maintenance", "start", "kvm2", "--reason", "placement", "--wait", "--timeout", "2m"
-        )
-        assert cordon.code == 0, cordon
-        assert f"LibvirtCluster {namespace}/{CLUSTER_NAME}: host kvm2 Evacuated" in cordon.out
-        await create_machine_objects(
-            site.create, "live", namespace, cluster=CLUSTER_NAME,
-            spec=guest_spec(guest_image, "LiveMigrate"),
-        )  # fmt: skip
-        await create_machine_objects(
-            site.create, "stay", namespace, cluster=CLUSTER_NAME,
-            spec=guest_spec(guest_image, "None"),
-        )  # fmt: skip
-        await create_machine_deployment(site, guest_image)
-        md_first = await eventually(
-            site.md_machine, within=60, what="the MachineDeployment's Machine",
-            explain=site.explain,
-        )  # fmt: skip
+        md_first, md_old_lm = await place_on_kvm1(site, guest_image)
         md_old = str(md_first["metadata"]["name"])
-        md_old_lm = str(md_first["spec"]["infrastructureRef"]["name"])
-        for name in ("live", "stay", md_old_lm):
-            placed = await site.wait(
-                LIBVIRT_MACHINE, name, lambda o: bool(get_path(o, "spec", "hostName")),
-                within=60, what="placed",
-            )  # fmt: skip
-            assert placed["spec"]["hostName"] == "kvm1", name
-        uncordon = await site.capl("maintenance", "stop", "kvm2")
-        assert uncordon.code == 0, uncordon
-        await site.wait_cluster(
-            lambda o: (
-                maintenance_of(o, "kvm2") is None and control_plane_allowed(o, "kvm2") is True
-            ),
-            "kvm2 out of maintenance",
-        )
-
-        # -- all three boot on kvm1
-        booted: dict[str, Obj] = {}
-        for name in ("live", "stay", md_old_lm):
-            booted[name] = await site.wait(
-                LIBVIRT_MACHINE, name, lambda o: bool(internal_ip(o)), within=BOOT,
-                what="an address",
-            )  # fmt: skip
-        t_booted = time.monotonic()
-        record_timing("maintenance: 3 machines created -> addresses", t_booted - t_cluster)
+        booted = await boot(site, md_old_lm, since=t_cluster)
         live_before = booted["live"]
         status_hosts = get_path(provisioned, "status", "hosts") or []
         worker = Worker(
@@ -491,201 +182,16 @@ async def test_maintenance_moves_replaces_and_blocks_then_ends(
             f"LibvirtCluster {namespace}/{CLUSTER_NAME}: host kvm1 put into maintenance "
             "(reason: test)"
         )
-
-        # LiveMigrate: moved by the migration controller to kvm2
-        evacuation = migration_name("live", live_before["metadata"]["uid"], "kvm1")
-        done = await site.wait(
-            LIBVIRT_MACHINE_MIGRATION,
-            evacuation,
-            lambda o: get_path(o, "status", "phase") in ("Succeeded", "Failed"),
-            within=240,
-            what="finished",
+        evacuation = await assert_live_migrated(site, worker, live_before, last_on_kvm1, since=t0)
+        new_lm = await assert_replaced_on_kvm2(
+            site, md_first, md_old_lm, md_old_uuid=md_old_uuid, since=t0
         )
-        record_timing("maintenance: start -> live migration Succeeded", time.monotonic() - t0)
-        status = done["status"]
-        assert status["phase"] == "Succeeded", status
-        assert (status["sourceHost"], status["targetHost"]) == ("kvm1", "kvm2")
-        assert status["copyStorage"] is True
-        assert done["spec"]["machineName"] == "live"
-        assert "targetHost" not in done["spec"]  # the migration controller chose kvm2
-        assert done["metadata"]["labels"][c.EVACUATION_HOST_LABEL] == "kvm1"
-        assert [(o["kind"], o["name"]) for o in done["metadata"]["ownerReferences"]] == [
-            ("LibvirtCluster", CLUSTER_NAME)
-        ]
-        moved = await site.wait(
-            LIBVIRT_MACHINE, "live", lambda o: get_path(o, "status", "host") == "kvm2",
-            within=60, what="reports kvm2",
-        )  # fmt: skip
-        assert moved["spec"]["hostName"] == "kvm2"
-        assert "migrationTarget" not in moved["spec"]
-        assert moved["spec"]["domainUUID"] == worker.uuid
-        assert moved["spec"]["providerID"] == live_before["spec"]["providerID"]
-        assert internal_ip(moved) == worker.ip
-        assert worker.where() == {"kvm1": None, "kvm2": True}
-        await worker.counting_on("kvm2", last_on_kvm1 + 2)  # the same memory: no boot
-        on_kvm2 = await worker.counts("kvm2")
-        assert on_kvm2[0] >= last_on_kvm1
-        assert on_kvm2 == list(range(on_kvm2[0], on_kvm2[0] + len(on_kvm2)))
+        await assert_blocked(site, stay_uuid, since=t0)
+        await assert_shown_by_the_cli(site, new_lm)
+        await assert_events(site, evacuation=evacuation, md_old=md_old, md_old_lm=md_old_lm)
+        await assert_pinned_machine_waits(site, guest_image)
 
-        # Recreate: the Machine deleted by capl, replaced by the MachineSet on kvm2
-        await site.wait_gone(MACHINE, md_old, within=180)
-        await site.wait_gone(LIBVIRT_MACHINE, md_old_lm, within=30)
-        replacement = await eventually(
-            site.md_machine, within=120, what="the replacement Machine", explain=site.explain
-        )
-        new_lm = str(replacement["spec"]["infrastructureRef"]["name"])
-        assert replacement["metadata"]["name"] != md_old
-        owners = replacement["metadata"].get("ownerReferences") or []
-        assert [o["kind"] for o in owners] == ["MachineSet"], owners
-        assert owners[0]["name"] == md_first["metadata"]["ownerReferences"][0]["name"]
-        placed = await site.wait(
-            LIBVIRT_MACHINE, new_lm, lambda o: bool(get_path(o, "spec", "domainUUID")),
-            within=120, what="placed and defined",
-        )  # fmt: skip
-        assert placed["spec"]["hostName"] == "kvm2"
-        assert placed["spec"]["evictionStrategy"] == "Recreate"
-        new_uuid = str(placed["spec"]["domainUUID"])
-        await eventually(
-            lambda: active_on(multihost_bed, "kvm2", new_uuid),
-            within=120, what="the replacement runs on kvm2", explain=site.explain,
-        )  # fmt: skip
-        assert active_on(multihost_bed, "kvm1", new_uuid) is None
-        for host in HOSTS:
-            assert active_on(multihost_bed, host, md_old_uuid) is None, host
-        record_timing("maintenance: start -> replacement running on kvm2", time.monotonic() - t0)
-
-        # None: stays, and the maintenance says so
-        blocked = await site.wait_cluster(
-            lambda o: (maintenance_of(o, "kvm1") or {}).get("machines") == 1,
-            "kvm1: one machine left",
-        )
-        record_timing("maintenance: start -> kvm1 Blocked, 1 machine left", time.monotonic() - t0)
-        assert maintenance_of(blocked, "kvm1") == {
-            "phase": "Blocked",
-            "machines": 1,
-            "message": BLOCKED,
-        }
-        assert control_plane_allowed(blocked, "kvm1") is False
-        assert control_plane_allowed(blocked, "kvm2") is True
-        await site.wait(
-            CLUSTER, CLUSTER_NAME, lambda o: control_plane_allowed(o, "kvm1") is False,
-            within=60, what="failure domain kvm1 without control planes (Cluster API)",
-        )  # fmt: skip
-        stay = await site.get(LIBVIRT_MACHINE, "stay")
-        assert stay is not None
-        assert (stay["spec"]["hostName"], stay["status"]["host"]) == ("kvm1", "kvm1")
-        assert active_on(multihost_bed, "kvm1", stay_uuid) is True
-        assert active_on(multihost_bed, "kvm2", stay_uuid) is None
-        assert await site.get(MACHINE, "stay") is not None
-        assert await site.get(MACHINE, "live") is not None
-
-        shown = await site.capl("hosts")
-        assert shown.code == 0, shown
-        row = hosts_row(shown.out, "kvm1")
-        assert (row[4], row[5]) == ("Blocked", "1"), shown.out
-        assert hosts_row(shown.out, "kvm2")[4:6] == ["-", "2"], shown.out
-        assert f"kvm1 in LibvirtCluster {CLUSTER_NAME}: Blocked; reason: test; 1 machine left: " \
-            f"{BLOCKED}" in shown.out  # fmt: skip
-        as_json = await site.capl("hosts", "-o", "json")
-        hosts = {h["name"]: h for h in json.loads(as_json.out)["hosts"]}
-        assert (hosts["kvm1"]["maintenance"], hosts["kvm1"]["machines"]) == ("Blocked", 1)
-        assert hosts["kvm1"]["entries"][0]["machines"] == ["stay"]
-        assert sorted(hosts["kvm2"]["entries"][0]["machines"]) == sorted(["live", new_lm])
-
-        waited = await site.capl("maintenance", "start", "kvm1", "--wait", "--timeout", "1m")
-        assert waited.code == 1, waited
-        assert "host kvm1 already in maintenance (reason: test): unchanged" in waited.out
-        assert f"host kvm1 Blocked, 1 machine left: {BLOCKED}" in waited.out
-        assert "host kvm1 cannot be evacuated" in waited.err
-
-        # (sets: the recorder may write a repeated Event twice instead of counting it)
-        assert await events(site, c.Reason.EVACUATING) == {
-            ("Normal", "host kvm1 is in maintenance (test): evacuating 3 machine(s) of the cluster")
-        }
-        assert await events(site, "MigrationCreated") == {
-            (
-                "Normal",
-                f"host kvm1 is in maintenance: created LibvirtMachineMigration {evacuation} "
-                "for machine live",
-            )
-        }
-        assert await events(site, "MachineDeleted") == {
-            (
-                "Normal",
-                f"host kvm1 is in maintenance: deleted Machine {md_old} (LibvirtMachine "
-                f"{md_old_lm}, evictionStrategy Recreate) for its owner to replace",
-            )
-        }
-        assert await events(site, c.Reason.EVICTION_BLOCKED) == {
-            ("Warning", f"host kvm1: {BLOCKED}")
-        }
-        assert await events(site, c.Reason.EVACUATED) == set()
-        # kvm2's short maintenance while the machines were placed: empty, so evacuated at once
-        assert await events(site, c.Reason.EVACUATING, "kvm2") == {
-            (
-                "Normal",
-                "host kvm2 is in maintenance (placement): evacuating 0 machine(s) of the cluster",
-            )
-        }
-        assert await events(site, c.Reason.EVACUATED, "kvm2") == {
-            ("Normal", "host kvm2 is evacuated: no machine of the cluster is left on it")
-        }
-
-        # cordon: a new machine pinned to kvm1 (its Machine's failure domain) waits
-        await create_machine_objects(
-            site.create, "late", namespace, cluster=CLUSTER_NAME,
-            spec=guest_spec(guest_image, "LiveMigrate"), failure_domain="kvm1",
-        )  # fmt: skip
-        waiting = await site.wait(
-            LIBVIRT_MACHINE,
-            "late",
-            lambda o: (
-                condition_of(o, c.ConditionType.DOMAIN_PROVISIONED).get("reason")
-                == c.Reason.HOST_NOT_FOUND
-            ),
-            within=60,
-            what="waits for kvm1",
-        )
-        assert "host kvm1 is in maintenance (test)" in str(
-            condition_of(waiting, c.ConditionType.DOMAIN_PROVISIONED).get("message")
-        )
-        assert not get_path(waiting, "spec", "hostName")
-        assert not get_path(waiting, "spec", "domainUUID")
-
-        # -- the end of the maintenance
-        t1 = time.monotonic()
-        stop = await site.capl("maintenance", "stop", "kvm1")
-        assert stop.code == 0, stop
-        assert stop.out.strip() == (
-            f"LibvirtCluster {namespace}/{CLUSTER_NAME}: host kvm1 taken out of maintenance "
-            "(it was: test)"
-        )
-        ended = await site.wait_cluster(
-            lambda o: (
-                maintenance_of(o, "kvm1") is None and control_plane_allowed(o, "kvm1") is True
-            ),
-            "kvm1 out of maintenance, control planes allowed",
-        )
-        assert "maintenance" not in host_status(ended, "kvm1")
-        await site.wait(
-            CLUSTER, CLUSTER_NAME, lambda o: control_plane_allowed(o, "kvm1") is True,
-            within=60, what="failure domain kvm1 with control planes again (Cluster API)",
-        )  # fmt: skip
-        await site.wait_gone(LIBVIRT_MACHINE_MIGRATION, evacuation, within=60)
-        late = await site.wait(
-            LIBVIRT_MACHINE, "late", lambda o: bool(get_path(o, "spec", "domainUUID")),
-            within=60, what="placed once kvm1 is out of maintenance",
-        )  # fmt: skip
-        assert late["spec"]["hostName"] == "kvm1"
-        late_uuid = str(late["spec"]["domainUUID"])
-        await eventually(
-            lambda: active_on(multihost_bed, "kvm1", late_uuid),
-            within=60, what="the new machine runs on kvm1", explain=site.explain,
-        )  # fmt: skip
-        record_timing("maintenance: stop -> new machine running on kvm1", time.monotonic() - t1)
-        after = await site.capl("hosts", "-o", "json")
-        hosts = {h["name"]: h for h in json.loads(after.out)["hosts"]}
-        assert (hosts["kvm1"]["maintenance"], hosts["kvm1"]["machines"]) == (None, 2)
+        await end_maintenance(site, evacuation)
         assert worker.where() == {"kvm1": None, "kvm2": True}  # moved machines stay moved
         assert active_on(multihost_bed, "kvm1", stay_uuid) is True
 
@@ -699,16 +205,7 @@ async def test_maintenance_moves_replaces_and_blocks_then_ends(
         assert seen.get("late") == ["kvm1"], seen
         assert set(seen) <= {"live", "stay", md_old_lm, new_lm, "late"}, seen
 
-        # -- delete everything
-        t2 = time.monotonic()
-        await management.api.resource(CLUSTER).delete(ObjectKey(namespace, CLUSTER_NAME))
-        await site.wait_gone(CLUSTER, CLUSTER_NAME, within=180)
-        await site.wait_gone(LIBVIRT_CLUSTER, CLUSTER_NAME, within=30)
-        assert await site.list(LIBVIRT_MACHINE) == []
-        assert await site.list(MACHINE) == []
-        record_timing("maintenance: Cluster deleted -> gone", time.monotonic() - t2)
-        for host in HOSTS:
-            assert traces(multihost_bed, host, namespace) == [], host
+        await delete_everything(site)
         record_timing("maintenance: the whole test", time.monotonic() - t_start)
     finally:
         if watcher is not None:
@@ -716,68 +213,349 @@ async def test_maintenance_moves_replaces_and_blocks_then_ends(
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
         await consoles.close()
-        await _teardown(site, network=network, pool=pool)
+        await teardown(site, network=network, pool=pool)
 
 
-async def create_machine_deployment(site: Site, image: Path) -> None:
-    """LibvirtMachineTemplate (evictionStrategy Recreate, no host) + bootstrap Secret +
-    MachineDeployment of 1 replica."""
-    await site.create(
-        LIBVIRT_MACHINE_TEMPLATE,
-        {
-            "apiVersion": c.API_VERSION,
-            "kind": c.Kind.LIBVIRT_MACHINE_TEMPLATE.value,
-            "metadata": {"name": MD},
-            "spec": {"template": {"spec": guest_spec(image, "Recreate")}},
-        },
-    )
-    await site.create(
-        SECRET,
-        bootstrap_secret_obj(
-            f"{MD}-bootstrap", site.namespace, data=b"#cloud-config\n", cluster=CLUSTER_NAME
-        ),
-    )
-    labels = {CLUSTER_NAME_LABEL: CLUSTER_NAME, DEPLOYMENT_NAME_LABEL: MD}
-    await site.create(
-        MACHINE_DEPLOYMENT,
-        {
-            "apiVersion": c.CAPI_API_VERSION,
-            "kind": "MachineDeployment",
-            "metadata": {"name": MD},
-            "spec": {
-                "clusterName": CLUSTER_NAME,
-                "replicas": 1,
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "clusterName": CLUSTER_NAME,
-                        "version": KUBERNETES_VERSION,
-                        "bootstrap": {"dataSecretName": f"{MD}-bootstrap"},
-                        "infrastructureRef": {
-                            "apiGroup": c.GROUP,
-                            "kind": c.Kind.LIBVIRT_MACHINE_TEMPLATE.value,
-                            "name": MD,
-                        },
-                    },
-                },
+# --- the phases -------------------------------------------------------------------------------
+
+
+async def create_cluster(site: Site) -> Obj:
+    """Credentials Secrets, the Cluster and the LibvirtCluster in bridge mode on kvm1 and kvm2
+    (as a user writes it: Cluster API's Cluster controller adds owner and label); the
+    LibvirtCluster as created (capl's webhook filled in the network and pool names)."""
+    entries = []
+    for name in HOSTS:
+        bed_host = site.lan.host(name)
+        await site.create(
+            SECRET,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": f"{name}-credentials"},
+                "data": {k: b64(v) for k, v in bed_host.credentials.items()},
             },
-        },
+        )
+        entries.append(
+            {
+                "name": name,
+                "uri": bed_host.uri,
+                "credentialsRef": {"name": f"{name}-credentials"},
+            }
+        )
+    cluster = await site.create(
+        CLUSTER, cluster_obj(CLUSTER_NAME, site.namespace, libvirt_cluster=CLUSTER_NAME)
     )
+    lc = libvirt_cluster_obj(
+        CLUSTER_NAME,
+        site.namespace,
+        cluster=cluster,
+        hosts=entries,
+        mode="bridge",
+        bridge=site.lan.host_bridge,
+    )
+    lc["spec"]["controlPlaneEndpoint"] = dict(ENDPOINT)
+    del lc["metadata"]["ownerReferences"], lc["metadata"]["labels"]
+    return await site.create(LIBVIRT_CLUSTER, lc)
 
 
-async def _teardown(site: Site, *, network: str | None, pool: str | None) -> None:
-    """After the test: the Cluster deleted through Cluster API if still there (bounded),
-    then — if libvirt still holds anything of the namespace — capl stopped (it would make
-    again what is removed under it) and the rest swept directly."""
-    if await site.get(CLUSTER, CLUSTER_NAME) is not None:
-        with contextlib.suppress(Exception):
-            await site.api.resource(CLUSTER).delete(ObjectKey(site.namespace, CLUSTER_NAME))
-            await site.wait_gone(CLUSTER, CLUSTER_NAME, within=180)
-    left = {host: traces(site.lan, host, site.namespace) for host in HOSTS}
-    if any(left.values()):
-        await site.management.capl.stop()
-        for host in HOSTS:
-            sweep_namespace(
-                site.lan.host(host).local_uri, namespace=site.namespace, network=network, pool=pool
-            )
+async def wait_provisioned(site: Site) -> Obj:
+    """Until capl provisioned the LibvirtCluster (owned by the Cluster) and Cluster API saw
+    it; the LibvirtCluster then."""
+    provisioned = await site.wait_cluster(
+        lambda o: bool(get_path(o, "status", "initialization", "provisioned")),
+        "provisioned on kvm1 and kvm2",
+    )
+    owners = provisioned["metadata"].get("ownerReferences") or []
+    assert [(o["kind"], o["name"]) for o in owners] == [("Cluster", CLUSTER_NAME)]
+    await site.wait(
+        CLUSTER,
+        CLUSTER_NAME,
+        lambda o: bool(get_path(o, "status", "initialization", "infrastructureProvisioned")),
+        within=60,
+        what="infrastructure provisioned (Cluster API)",
+    )
+    return provisioned
+
+
+async def place_on_kvm1(site: Site, image: Path) -> tuple[Obj, str]:
+    """kvm2 cordoned while the three machines are placed, so they all go on kvm1; then
+    kvm2's maintenance ends. The MachineDeployment's first Machine and its LibvirtMachine."""
+    cordon = await site.capl(
+        "maintenance", "start", "kvm2", "--reason", "placement", "--wait", "--timeout", "2m"
+    )
+    assert cordon.code == 0, cordon
+    assert f"LibvirtCluster {site.namespace}/{CLUSTER_NAME}: host kvm2 Evacuated" in cordon.out
+    await create_machine_objects(
+        site.create, "live", site.namespace, cluster=CLUSTER_NAME,
+        spec=guest_spec(image, "LiveMigrate"),
+    )  # fmt: skip
+    await create_machine_objects(
+        site.create, "stay", site.namespace, cluster=CLUSTER_NAME,
+        spec=guest_spec(image, "None"),
+    )  # fmt: skip
+    await create_machine_deployment(site, image)
+    md_first = await eventually(
+        site.md_machine, within=60, what="the MachineDeployment's Machine",
+        explain=site.explain,
+    )  # fmt: skip
+    md_old_lm = str(md_first["spec"]["infrastructureRef"]["name"])
+    for name in ("live", "stay", md_old_lm):
+        placed = await site.wait(
+            LIBVIRT_MACHINE, name, lambda o: bool(get_path(o, "spec", "hostName")),
+            within=60, what="placed",
+        )  # fmt: skip
+        assert placed["spec"]["hostName"] == "kvm1", name
+    uncordon = await site.capl("maintenance", "stop", "kvm2")
+    assert uncordon.code == 0, uncordon
+    await site.wait_cluster(
+        lambda o: maintenance_of(o, "kvm2") is None and control_plane_allowed(o, "kvm2") is True,
+        "kvm2 out of maintenance",
+    )
+    return md_first, md_old_lm
+
+
+async def boot(site: Site, md_old_lm: str, *, since: float) -> dict[str, Obj]:
+    """All three boot on kvm1: their LibvirtMachines with an address."""
+    booted: dict[str, Obj] = {}
+    for name in ("live", "stay", md_old_lm):
+        booted[name] = await site.wait(
+            LIBVIRT_MACHINE, name, lambda o: bool(internal_ip(o)), within=BOOT,
+            what="an address",
+        )  # fmt: skip
+    record_timing("maintenance: 3 machines created -> addresses", time.monotonic() - since)
+    return booted
+
+
+async def assert_live_migrated(
+    site: Site, worker: Worker, live_before: Obj, last_on_kvm1: int, *, since: float
+) -> str:
+    """LiveMigrate: moved by the migration controller to kvm2 through the evacuation
+    migration; same UUID, providerID and address, the counter goes on. The migration's name."""
+    evacuation = migration_name("live", live_before["metadata"]["uid"], "kvm1")
+    done = await site.wait(
+        LIBVIRT_MACHINE_MIGRATION,
+        evacuation,
+        lambda o: get_path(o, "status", "phase") in ("Succeeded", "Failed"),
+        within=240,
+        what="finished",
+    )
+    record_timing("maintenance: start -> live migration Succeeded", time.monotonic() - since)
+    status = done["status"]
+    assert status["phase"] == "Succeeded", status
+    assert (status["sourceHost"], status["targetHost"]) == ("kvm1", "kvm2")
+    assert status["copyStorage"] is True
+    assert done["spec"]["machineName"] == "live"
+    assert "targetHost" not in done["spec"]  # the migration controller chose kvm2
+    assert done["metadata"]["labels"][c.EVACUATION_HOST_LABEL] == "kvm1"
+    assert [(o["kind"], o["name"]) for o in done["metadata"]["ownerReferences"]] == [
+        ("LibvirtCluster", CLUSTER_NAME)
+    ]
+    moved = await site.wait(
+        LIBVIRT_MACHINE, "live", lambda o: get_path(o, "status", "host") == "kvm2",
+        within=60, what="reports kvm2",
+    )  # fmt: skip
+    assert moved["spec"]["hostName"] == "kvm2"
+    assert "migrationTarget" not in moved["spec"]
+    assert moved["spec"]["domainUUID"] == worker.uuid
+    assert moved["spec"]["providerID"] == live_before["spec"]["providerID"]
+    assert internal_ip(moved) == worker.ip
+    assert worker.where() == {"kvm1": None, "kvm2": True}
+    await worker.counting_on("kvm2", last_on_kvm1 + 2)  # the same memory: no boot
+    on_kvm2 = await worker.counts("kvm2")
+    assert on_kvm2[0] >= last_on_kvm1
+    assert on_kvm2 == list(range(on_kvm2[0], on_kvm2[0] + len(on_kvm2)))
+    return evacuation
+
+
+async def assert_replaced_on_kvm2(
+    site: Site, md_first: Obj, md_old_lm: str, *, md_old_uuid: str, since: float
+) -> str:
+    """Recreate: the Machine deleted by capl, replaced by the MachineSet on kvm2. The
+    replacement's LibvirtMachine."""
+    lan = site.lan
+    md_old = str(md_first["metadata"]["name"])
+    await site.wait_gone(MACHINE, md_old, within=180)
+    await site.wait_gone(LIBVIRT_MACHINE, md_old_lm, within=30)
+    replacement = await eventually(
+        site.md_machine, within=120, what="the replacement Machine", explain=site.explain
+    )
+    new_lm = str(replacement["spec"]["infrastructureRef"]["name"])
+    assert replacement["metadata"]["name"] != md_old
+    owners = replacement["metadata"].get("ownerReferences") or []
+    assert [o["kind"] for o in owners] == ["MachineSet"], owners
+    assert owners[0]["name"] == md_first["metadata"]["ownerReferences"][0]["name"]
+    placed = await site.wait(
+        LIBVIRT_MACHINE, new_lm, lambda o: bool(get_path(o, "spec", "domainUUID")),
+        within=120, what="placed and defined",
+    )  # fmt: skip
+    assert placed["spec"]["hostName"] == "kvm2"
+    assert placed["spec"]["evictionStrategy"] == "Recreate"
+    new_uuid = str(placed["spec"]["domainUUID"])
+    await eventually(
+        lambda: active_on(lan, "kvm2", new_uuid),
+        within=120, what="the replacement runs on kvm2", explain=site.explain,
+    )  # fmt: skip
+    assert active_on(lan, "kvm1", new_uuid) is None
+    for host in HOSTS:
+        assert active_on(lan, host, md_old_uuid) is None, host
+    record_timing("maintenance: start -> replacement running on kvm2", time.monotonic() - since)
+    return new_lm
+
+
+async def assert_blocked(site: Site, stay_uuid: str, *, since: float) -> None:
+    """None: ``stay`` stays on kvm1, and the maintenance says so (Blocked, 1 machine, failure
+    domain kvm1 without control planes in the LibvirtCluster and in Cluster API's Cluster)."""
+    blocked = await site.wait_cluster(
+        lambda o: (maintenance_of(o, "kvm1") or {}).get("machines") == 1,
+        "kvm1: one machine left",
+    )
+    record_timing("maintenance: start -> kvm1 Blocked, 1 machine left", time.monotonic() - since)
+    assert maintenance_of(blocked, "kvm1") == {
+        "phase": "Blocked",
+        "machines": 1,
+        "message": BLOCKED,
+    }
+    assert control_plane_allowed(blocked, "kvm1") is False
+    assert control_plane_allowed(blocked, "kvm2") is True
+    await site.wait(
+        CLUSTER, CLUSTER_NAME, lambda o: control_plane_allowed(o, "kvm1") is False,
+        within=60, what="failure domain kvm1 without control planes (Cluster API)",
+    )  # fmt: skip
+    stay = await site.get(LIBVIRT_MACHINE, "stay")
+    assert stay is not None
+    assert (stay["spec"]["hostName"], stay["status"]["host"]) == ("kvm1", "kvm1")
+    assert active_on(site.lan, "kvm1", stay_uuid) is True
+    assert active_on(site.lan, "kvm2", stay_uuid) is None
+    assert await site.get(MACHINE, "stay") is not None
+    assert await site.get(MACHINE, "live") is not None
+
+
+async def assert_shown_by_the_cli(site: Site, new_lm: str) -> None:
+    """`capl hosts` (plain and JSON) shows kvm1 Blocked with 1 machine; ``capl maintenance
+    start kvm1 --wait`` exits 1 saying why."""
+    shown = await site.capl("hosts")
+    assert shown.code == 0, shown
+    row = hosts_row(shown.out, "kvm1")
+    assert (row[4], row[5]) == ("Blocked", "1"), shown.out
+    assert hosts_row(shown.out, "kvm2")[4:6] == ["-", "2"], shown.out
+    assert f"kvm1 in LibvirtCluster {CLUSTER_NAME}: Blocked; reason: test; 1 machine left: " \
+        f"{BLOCKED}" in shown.out  # fmt: skip
+    as_json = await site.capl("hosts", "-o", "json")
+    hosts = {h["name"]: h for h in json.loads(as_json.out)["hosts"]}
+    assert (hosts["kvm1"]["maintenance"], hosts["kvm1"]["machines"]) == ("Blocked", 1)
+    assert hosts["kvm1"]["entries"][0]["machines"] == ["stay"]
+    assert sorted(hosts["kvm2"]["entries"][0]["machines"]) == sorted(["live", new_lm])
+
+    waited = await site.capl("maintenance", "start", "kvm1", "--wait", "--timeout", "1m")
+    assert waited.code == 1, waited
+    assert "host kvm1 already in maintenance (reason: test): unchanged" in waited.out
+    assert f"host kvm1 Blocked, 1 machine left: {BLOCKED}" in waited.out
+    assert "host kvm1 cannot be evacuated" in waited.err
+
+
+async def assert_events(site: Site, *, evacuation: str, md_old: str, md_old_lm: str) -> None:
+    """The Events say what happened (sets: the recorder may write a repeated Event twice
+    instead of counting it)."""
+    assert await events(site, c.Reason.EVACUATING) == {
+        ("Normal", "host kvm1 is in maintenance (test): evacuating 3 machine(s) of the cluster")
+    }
+    assert await events(site, "MigrationCreated") == {
+        (
+            "Normal",
+            f"host kvm1 is in maintenance: created LibvirtMachineMigration {evacuation} "
+            "for machine live",
+        )
+    }
+    assert await events(site, "MachineDeleted") == {
+        (
+            "Normal",
+            f"host kvm1 is in maintenance: deleted Machine {md_old} (LibvirtMachine "
+            f"{md_old_lm}, evictionStrategy Recreate) for its owner to replace",
+        )
+    }
+    assert await events(site, c.Reason.EVICTION_BLOCKED) == {("Warning", f"host kvm1: {BLOCKED}")}
+    assert await events(site, c.Reason.EVACUATED) == set()
+    # kvm2's short maintenance while the machines were placed: empty, so evacuated at once
+    assert await events(site, c.Reason.EVACUATING, "kvm2") == {
+        (
+            "Normal",
+            "host kvm2 is in maintenance (placement): evacuating 0 machine(s) of the cluster",
+        )
+    }
+    assert await events(site, c.Reason.EVACUATED, "kvm2") == {
+        ("Normal", "host kvm2 is evacuated: no machine of the cluster is left on it")
+    }
+
+
+async def assert_pinned_machine_waits(site: Site, image: Path) -> None:
+    """Cordon: a new machine ``late`` pinned to kvm1 (its Machine's failure domain) waits."""
+    await create_machine_objects(
+        site.create, "late", site.namespace, cluster=CLUSTER_NAME,
+        spec=guest_spec(image, "LiveMigrate"), failure_domain="kvm1",
+    )  # fmt: skip
+    waiting = await site.wait(
+        LIBVIRT_MACHINE,
+        "late",
+        lambda o: (
+            condition_of(o, c.ConditionType.DOMAIN_PROVISIONED).get("reason")
+            == c.Reason.HOST_NOT_FOUND
+        ),
+        within=60,
+        what="waits for kvm1",
+    )
+    assert "host kvm1 is in maintenance (test)" in str(
+        condition_of(waiting, c.ConditionType.DOMAIN_PROVISIONED).get("message")
+    )
+    assert not get_path(waiting, "spec", "hostName")
+    assert not get_path(waiting, "spec", "domainUUID")
+
+
+async def end_maintenance(site: Site, evacuation: str) -> None:
+    """``capl maintenance stop kvm1``: the maintenance status gone, failure domain kvm1 with
+    control planes again, the evacuation migration deleted, ``late`` placed and running on
+    kvm1; `capl hosts` shows kvm1 with 2 machines."""
+    t1 = time.monotonic()
+    stop = await site.capl("maintenance", "stop", "kvm1")
+    assert stop.code == 0, stop
+    assert stop.out.strip() == (
+        f"LibvirtCluster {site.namespace}/{CLUSTER_NAME}: host kvm1 taken out of maintenance "
+        "(it was: test)"
+    )
+    ended = await site.wait_cluster(
+        lambda o: maintenance_of(o, "kvm1") is None and control_plane_allowed(o, "kvm1") is True,
+        "kvm1 out of maintenance, control planes allowed",
+    )
+    assert "maintenance" not in host_status(ended, "kvm1")
+    await site.wait(
+        CLUSTER, CLUSTER_NAME, lambda o: control_plane_allowed(o, "kvm1") is True,
+        within=60, what="failure domain kvm1 with control planes again (Cluster API)",
+    )  # fmt: skip
+    await site.wait_gone(LIBVIRT_MACHINE_MIGRATION, evacuation, within=60)
+    late = await site.wait(
+        LIBVIRT_MACHINE, "late", lambda o: bool(get_path(o, "spec", "domainUUID")),
+        within=60, what="placed once kvm1 is out of maintenance",
+    )  # fmt: skip
+    assert late["spec"]["hostName"] == "kvm1"
+    late_uuid = str(late["spec"]["domainUUID"])
+    await eventually(
+        lambda: active_on(site.lan, "kvm1", late_uuid),
+        within=60, what="the new machine runs on kvm1", explain=site.explain,
+    )  # fmt: skip
+    record_timing("maintenance: stop -> new machine running on kvm1", time.monotonic() - t1)
+    after = await site.capl("hosts", "-o", "json")
+    hosts = {h["name"]: h for h in json.loads(after.out)["hosts"]}
+    assert (hosts["kvm1"]["maintenance"], hosts["kvm1"]["machines"]) == (None, 2)
+
+
+async def delete_everything(site: Site) -> None:
+    """Deleting the Cluster (Cluster API deletes the MachineDeployment and the Machines, capl
+    the domains, volumes, pool and network) leaves nothing on either host."""
+    t2 = time.monotonic()
+    await site.api.resource(CLUSTER).delete(ObjectKey(site.namespace, CLUSTER_NAME))
+    await site.wait_gone(CLUSTER, CLUSTER_NAME, within=180)
+    await site.wait_gone(LIBVIRT_CLUSTER, CLUSTER_NAME, within=30)
+    assert await site.list(LIBVIRT_MACHINE) == []
+    assert await site.list(MACHINE) == []
+    record_timing("maintenance: Cluster deleted -> gone", time.monotonic() - t2)
+    for host in HOSTS:
+        assert traces(site.lan, host, site.namespace) == [], host
