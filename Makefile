@@ -106,8 +106,12 @@ demo: venv ## run a 3-machine demo cluster on the local libvirtd
 	@hack/demo.sh
 
 .PHONY: bench
-bench: venv ## run the benchmarks (writes bench/results/)
+bench: venv ## run the benchmarks (writes bench/results/; the curve to 3,000 machines)
 	@hack/bench.sh
+
+.PHONY: bench-scale
+bench-scale: venv ## the scaling curve to 10,000 machines and the steady window on them (after make bench)
+	@hack/bench-scale.sh
 
 .PHONY: clean
 clean: ## remove build outputs in the repository (not the cache)

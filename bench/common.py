@@ -235,10 +235,15 @@ class AuditWindow:
     @classmethod
     def read(cls, path: Path, *, user: str, start: int, end: int | None = None) -> AuditWindow:
         """The requests of `user` logged between byte offsets `start` and `end` (default:
-        the end of the complete lines)."""
+        the end of the complete lines). An offset taken while the API server was writing a
+        line may fall inside it: a line belongs to the window that holds its newline, so
+        consecutive windows share no line and lose none."""
+        back = min(start, 64 * 1024)
         with path.open("rb") as f:
-            f.seek(start)
-            data = f.read() if end is None else f.read(max(0, end - start))
+            f.seek(start - back)
+            data = f.read() if end is None else f.read(max(0, end - start) + back)
+        head = data[:back]
+        data = data[head.rfind(b"\n") + 1 :]  # from the start of the line that holds `start`
         data = data[: data.rfind(b"\n") + 1]
         window = cls()
         seen: set[str] = set()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ipaddress
 import json
 import os
@@ -41,6 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,7 @@ from capl.ports.virt import (
     NicSpec,
     VolumeFormat,
 )
+from capl.runtime.errors import NotFound
 from capl.runtime.informer import FuncHandler
 from capl.runtime.logging import configure_logging
 from capl.runtime.objects import Obj
@@ -89,7 +92,28 @@ def spec(image: Path) -> dict[str, Any]:
     }
 
 
+def boot_deadline(measured: list[float]) -> float:
+    """Seconds a side may take to boot its guests: three times the slowest boot measured so
+    far in this run (either side), and before any, 120 s scaled by the load average per CPU
+    (a TCG boot on a shared 2-core machine under load 30 takes minutes, not seconds)."""
+    load = os.getloadavg()[0] / max(1, os.cpu_count() or 1)
+    first = 120.0 * max(1.0, load)
+    return max(first, 3.0 * max(measured)) if measured else first
+
+
 # --- baseline --------------------------------------------------------------------------------
+
+
+@dataclass
+class BaselineVm:
+    """What one hand-made guest created so far: removed on every path (`_remove_baseline`)."""
+
+    name: str
+    mac: str
+    volumes: list[str] = field(default_factory=list)
+    reserved: bool = False
+    created: bool = False
+    seconds: float = 0.0
 
 
 def _upload(pool: libvirt.virStoragePool, conn: libvirt.virConnect, name: str, data: bytes) -> str:
@@ -117,22 +141,25 @@ def _overlay(pool: libvirt.virStoragePool, name: str, base_path: str, capacity: 
 
 def baseline_vm(
     conn: libvirt.virConnect,
+    vm: BaselineVm,
     *,
     pool_name: str,
     network_name: str,
     base_path: str,
     capacity: int,
     workdir: Path,
-    index: int,
     ip: str,
-) -> tuple[float, str, str]:
-    """Overlay + ISO + `virsh create` until the lease shows; (seconds, domain name)."""
-    name = f"capl-bench-base-{secrets.token_hex(3)}-{index}"
-    mac = random_mac()
+    within: float,
+) -> None:
+    """Overlay + ISO + `virsh create` until the lease shows (`vm.seconds`); every object made
+    is recorded in `vm` as soon as it exists, for the clean-up."""
+    name, mac = vm.name, vm.mac
     started = time.perf_counter()
     pool = conn.storagePoolLookupByName(pool_name)
+    vm.volumes.append(f"{name}-root.qcow2")
     disk = _overlay(pool, f"{name}-root.qcow2", base_path, capacity)
     iso = build_nocloud_iso(user_data=b"#cloud-config\n", instance_id=name, hostname=name)
+    vm.volumes.append(f"{name}-cidata.iso")
     cidata = _upload(pool, conn, f"{name}-cidata.iso", iso)
     # the same hardware capl defines (virtio disk, virtio-scsi cdrom, virtio RNG, pty serial
     # logged to a file, ...), so the comparison isolates what the controller adds
@@ -161,6 +188,7 @@ def baseline_vm(
     path = workdir / f"{name}.xml"
     path.write_text(xml)
     # a DHCP reservation, as capl makes (see the module docstring)
+    vm.reserved = True
     subprocess.run(
         [
             "virsh", "-q", "-c", URI, "net-update", network_name, "add-last", "ip-dhcp-host",
@@ -171,67 +199,84 @@ def baseline_vm(
         capture_output=True,
     )  # fmt: skip
     prepared = time.perf_counter()
+    vm.created = True
     subprocess.run(["virsh", "-q", "-c", URI, "create", str(path)], check=True, capture_output=True)
     created = time.perf_counter()
     network = conn.networkLookupByName(network_name)
-    deadline = started + 300
+    deadline = started + within
     while not network.DHCPLeases(mac):
         if time.perf_counter() > deadline:
-            raise TimeoutError(f"{name}: no lease")
-        time.sleep(0.1)
+            raise TimeoutError(f"{name}: no DHCP lease within {within:.0f} s")
+        time.sleep(0.1)  # polling dnsmasq's lease list: libvirt has no lease event
     done = time.perf_counter()
     print(
         f"  baseline {name}: prepare {prepared - started:.2f} s, virsh create "
         f"{created - prepared:.2f} s, lease after {done - created:.2f} s"
     )
-    return done - started, name, mac
+    vm.seconds = done - started
 
 
 def _remove_baseline(
-    conn: libvirt.virConnect, pool_name: str, network: str, vms: list[tuple[float, str, str]]
+    conn: libvirt.virConnect, pool_name: str, network: str, vms: list[BaselineVm]
 ) -> None:
-    pool = conn.storagePoolLookupByName(pool_name)
-    for _, name, mac in vms:
-        subprocess.run(
-            [
-                "virsh", "-q", "-c", URI, "net-update", network, "delete",
-                "ip-dhcp-host", f"<host mac='{mac}'/>", "--live", "--config",
-            ],
-            check=True,
-            capture_output=True,
-        )  # fmt: skip
-        conn.lookupByName(name).destroy()  # transient: gone
-        for suffix in ("-root.qcow2", "-cidata.iso"):
-            pool.storageVolLookupByName(name + suffix).delete(0)
+    """Remove whatever each guest got so far; one failure does not keep the rest."""
+    for vm in vms:
+        if vm.created:
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.lookupByName(vm.name).destroy()  # transient: gone
+        if vm.reserved:
+            subprocess.run(
+                [
+                    "virsh", "-q", "-c", URI, "net-update", network, "delete",
+                    "ip-dhcp-host", f"<host mac='{vm.mac}'/>", "--live", "--config",
+                ],
+                check=False,
+                capture_output=True,
+            )  # fmt: skip
+        with contextlib.suppress(libvirt.libvirtError):
+            pool = conn.storagePoolLookupByName(pool_name)
+            for volume in vm.volumes:
+                with contextlib.suppress(libvirt.libvirtError):
+                    pool.storageVolLookupByName(volume).delete(0)
 
 
 async def baseline_round(
-    cluster: ClusterObjects, base_path: str, capacity: int, n: int, workdir: Path
+    cluster: ClusterObjects,
+    base_path: str,
+    capacity: int,
+    n: int,
+    workdir: Path,
+    measured: list[float],
 ) -> dict[str, Any]:
     lay = layout(cluster.layout_model())
     conn = libvirt.open(URI)
+    token = secrets.token_hex(3)
+    vms = [BaselineVm(name=f"capl-bench-base-{token}-{i}", mac=random_mac()) for i in range(n)]
+    within = boot_deadline(measured)
     try:
         started = time.perf_counter()
-        results = await asyncio.gather(
+        await asyncio.gather(
             *(
                 asyncio.to_thread(
                     baseline_vm,
                     conn,
+                    vm,
                     pool_name=lay.pool,
                     network_name=lay.network,
                     base_path=base_path,
                     capacity=capacity,
                     workdir=workdir,
-                    index=i,
                     ip=str(ipaddress.IPv4Network(str(lay.cidr)).broadcast_address - 1 - i),
+                    within=within,
                 )
-                for i in range(n)
+                for i, vm in enumerate(vms)
             )
         )
         wall = time.perf_counter() - started
-        await asyncio.to_thread(_remove_baseline, conn, lay.pool, lay.network, results)
-        return {"wall_s": wall, "per_vm_s": sorted(t for t, _, _ in results)}
+        measured.extend(vm.seconds for vm in vms)
+        return {"wall_s": wall, "per_vm_s": sorted(vm.seconds for vm in vms), "deadline_s": within}
     finally:
+        await asyncio.to_thread(_remove_baseline, conn, lay.pool, lay.network, vms)
         conn.close()
 
 
@@ -239,7 +284,12 @@ async def baseline_round(
 
 
 async def capl_round(
-    harness: ControllerHarness, cluster: ClusterObjects, image: Path, n: int, round_: int
+    harness: ControllerHarness,
+    cluster: ClusterObjects,
+    image: Path,
+    n: int,
+    round_: int,
+    measured: list[float],
 ) -> dict[str, Any]:
     created: dict[str, float] = {}
     ready: dict[str, float] = {}
@@ -256,6 +306,8 @@ async def capl_round(
     informer = harness.manager.cache.informer(LIBVIRT_MACHINE)
     handler = FuncHandler(add=observe, update=lambda _o, new: observe(new))
     informer.add_handler(handler)
+    within = boot_deadline(measured)
+    leases: asyncio.Task[dict[str, float]] | None = None
     try:
         started = time.perf_counter()
 
@@ -265,8 +317,14 @@ async def capl_round(
 
         await asyncio.gather(*(create(name) for name in names))
         leases = asyncio.create_task(_lease_times(cluster, names, harness.namespace))
-        await asyncio.wait_for(done.wait(), timeout=300)
+        try:
+            await asyncio.wait_for(done.wait(), timeout=within)
+        except TimeoutError:
+            raise TimeoutError(
+                f"capl: {len(ready)}/{n} machines Ready within {within:.0f} s"
+            ) from None
         wall = max(ready.values()) - started
+        measured.extend(ready[name] - created[name] for name in names)
         per_vm = sorted(ready[name] - created[name] for name in names)
         writes = [sum(harness.writes(LIBVIRT_MACHINE, name).values()) for name in names]
         leased = await asyncio.wait_for(leases, timeout=60)
@@ -277,11 +335,20 @@ async def capl_round(
             )
     finally:
         informer.remove_handler(handler)
-    for name in names:
-        await harness.delete(LIBVIRT_MACHINE, name)
-    for name in names:
-        await harness.wait_gone(LIBVIRT_MACHINE, name, within=120)
-    return {"wall_s": wall, "per_vm_s": per_vm, "api_writes_to_ready": writes}
+        if leases is not None and not leases.done():
+            leases.cancel()
+        # capl removes its own: the machines are deleted on every path, and waited for
+        for name in created:
+            with contextlib.suppress(NotFound):
+                await harness.delete(LIBVIRT_MACHINE, name)
+        for name in created:
+            await harness.wait_gone(LIBVIRT_MACHINE, name, within=max(120.0, within))
+    return {
+        "wall_s": wall,
+        "per_vm_s": per_vm,
+        "api_writes_to_ready": writes,
+        "deadline_s": within,
+    }
 
 
 async def _lease_times(
@@ -354,16 +421,22 @@ async def main(argv: list[str]) -> int:
             )
             assert base.volume.format == VolumeFormat.QCOW2.value
             await harness.start(libvirtmachine.setup)
+            measured: list[float] = []  # boot times so far: the next deadlines
             with tempfile.TemporaryDirectory() as tmp:
                 for r in range(args.rounds):
                     # alternate the order: neither side always runs on a warmer host
                     if r % 2:
-                        c = await capl_round(harness, cluster, image, args.vms, r)
+                        c = await capl_round(harness, cluster, image, args.vms, r, measured)
                     b = await baseline_round(
-                        cluster, base.volume.path, base.virtual_size_bytes, args.vms, Path(tmp)
+                        cluster,
+                        base.volume.path,
+                        base.virtual_size_bytes,
+                        args.vms,
+                        Path(tmp),
+                        measured,
                     )
                     if not r % 2:
-                        c = await capl_round(harness, cluster, image, args.vms, r)
+                        c = await capl_round(harness, cluster, image, args.vms, r, measured)
                     rounds.append({"baseline": b, "capl": c})
                     print(
                         f"round {r + 1}: baseline {b['wall_s']:.1f} s "

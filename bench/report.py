@@ -132,6 +132,14 @@ def summarize(inputs: Mapping[str, dict[str, Any] | None]) -> dict[str, Any]:
             "list_calls_after_start": st["list_calls_after_start"],
             "api_requests_in_window": st["api_requests_in_window"],
             "reconciles_in_window": sum(st["reconciles_in_window"].values()),
+            "reconciles_in_window_by_controller": st["reconciles_in_window"],
+            "drain_seconds_before_window": st.get("drain_seconds_before_window"),
+            "drained_before_window": st.get("drained_before_window"),
+            "reconciles_while_draining": (
+                sum(st["reconciles_while_draining"].values())
+                if "reconciles_while_draining" in st
+                else None
+            ),
         }
     if (r := inputs.get("machines_realvm")) is not None:
         ratio = r.get("ratio_paired_median", r.get("ratio_wall_capl_vs_baseline"))
@@ -424,8 +432,11 @@ def results_section(
             "steady.list_calls_after_start",
             st.get("list_calls_after_start"),
             f"in the window: {_fmt(st.get('api_requests_in_window'))} API requests, "
-            f"{_fmt(st.get('reconciles_in_window'))} reconcile(s) (the LibvirtCluster health "
-            "check)",
+            f"{_fmt(st.get('reconciles_in_window'))} reconcile(s) "
+            f"({_fmt(st.get('reconciles_in_window_by_controller'))}); the window began once "
+            f"the work queues drained, {_fmt(st.get('drain_seconds_before_window'))} s after "
+            f"the API went quiet ({_fmt(st.get('reconciles_while_draining'))} reconciles "
+            "meanwhile)",
             "0",
         ),
         row(
@@ -468,6 +479,18 @@ def results_section(
             "",
             f"Runtime (toy controller): {_fmt(rt['toy_reconciles_per_s'])} reconciles/s, "
             f"ratio to raw patches {_fmt(rt['ratio_toy_vs_raw_sequential'])} (target >= 0.8).",
+        ]
+    timings = load("timings")
+    if timings is not None:
+        walls = ", ".join(
+            f"{name} {w['seconds']} s" + ("" if w["status"] == "ok" else f" ({w['status']})")
+            for name, w in timings["benchmarks"].items()
+        )
+        lines += [
+            "",
+            f"`make bench` wall time: {timings['total_seconds']} s (budget "
+            f"{timings['budget_seconds']} s), set-up included: {walls}; load average at the "
+            f"end {', '.join(str(x) for x in timings['loadavg_at_end'])}.",
         ]
     measured = ", ".join(f"{k} {v}" for k, v in summary["inputs"].items())
     lines += [

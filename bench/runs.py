@@ -6,6 +6,8 @@ the three command lines, so that none of them imports another.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +154,9 @@ async def scale_out(
     them) to Ready; the manager keeps running. With `trace`, the manager records its libvirt
     calls there (``CAPL_LIBVIRT_TRACE``, for bench/floor.py)."""
     namespace = await bed.namespace(f"scale{n}")
-    env = {"CAPL_LIBVIRT_TRACE": str(trace)} if trace is not None else None
+    env = {"CAPL_LIBVIRT_TRACE": str(trace)} if trace is not None else {}
+    extra = os.environ.get("CAPL_BENCH_MANAGER_ENV", "")  # K=V,K=V: e.g. to compare a knob
+    env.update(dict(kv.split("=", 1) for kv in extra.split(",") if "=" in kv))
     trace_start = _size(trace) if trace is not None else 0
     manager = await bed.start_manager(namespace, concurrency=concurrency, env=env)
     assert manager.pid is not None
@@ -255,18 +259,97 @@ async def replay(bed: Bed, run: Run, *, concurrency: int) -> dict[str, float]:
 CLUSTER_HEALTH_INTERVAL = 60.0  # the manager's default, which these runs keep
 
 
-async def measure_steady(bed: Bed, run: Run, *, seconds: float) -> dict[str, Any]:
-    """The steady window on a finished scale-out (its manager still running)."""
+@dataclass
+class Drained:
+    """How the manager reached its steady state after a scale-out (`wait_drained`)."""
+
+    seconds: float
+    """From the API going quiet to the work queues drained."""
+    reconciles: dict[str, float]
+    """Reconciles per controller meanwhile (the backlog a steady window must not see)."""
+    drained: bool
+    """False: the deadline passed first (the window is then measured anyway, and says so)."""
+
+
+def _queue_state(text: str) -> tuple[float, float, float]:
+    """(ready items in every work queue, busy workers, LibvirtMachine reconciles so far)."""
+    samples = parse_metrics(text)
+    return (
+        metric_sum(samples, "workqueue_depth"),
+        metric_sum(samples, "controller_runtime_active_workers"),
+        metric_sum(samples, "controller_runtime_reconcile_total", controller="libvirtmachine"),
+    )
+
+
+async def wait_drained(
+    manager: CaplManager, *, quiet: float = 10.0, deadline: float = 600.0
+) -> Drained:
+    """Until the manager's work queues hold no ready item, no worker is busy, and no
+    LibvirtMachine was reconciled for `quiet` seconds (read from its Prometheus metrics each
+    second), or `deadline` seconds passed. A scale-out leaves a backlog of no-op reconciles
+    (each machine's own updates and its secondary objects' events queued behind the creates)
+    that the API does not see; a steady window measured before it drained measures the
+    backlog. The LibvirtCluster health checks are periodic by design: they are not waited
+    for (delayed requeues are not in the queue depth)."""
+    started = time.monotonic()
+    first = reconcile_counts(await manager.metrics())
+    last_count, last_change = -1.0, started
+    drained = False
+    while not drained:
+        depth, busy, count = _queue_state(await manager.metrics())
+        now = time.monotonic()
+        if count != last_count or depth or busy:
+            last_count, last_change = count, now
+        drained = now - last_change >= quiet
+        if drained:
+            break
+        if now - started > deadline:
+            note(f"the work queues did not drain within {deadline:.0f} s; measuring anyway")
+            break
+        await asyncio.sleep(1.0)
+    counts = reconcile_counts(await manager.metrics())
+    return Drained(
+        seconds=round(last_change - started, 1),
+        reconciles={k: counts[k] - first.get(k, 0.0) for k in sorted(counts)},
+        drained=drained,
+    )
+
+
+async def _profile(pid: int, seconds: float, out: Path) -> asyncio.subprocess.Process:
+    """py-spy (the `dev` extra) sampling the manager for the window: collapsed stacks, GIL
+    holder only (the process's Python work, not threads waiting in libvirt or epoll)."""
+    spy = Path(sys.executable).parent / "py-spy"
+    return await asyncio.create_subprocess_exec(
+        str(spy), "record", "--pid", str(pid), "--duration", str(int(seconds)),
+        "--rate", "50", "--nonblocking", "--gil", "--format", "raw", "--output", str(out),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+async def measure_steady(
+    bed: Bed, run: Run, *, seconds: float, profile: Path | None = None
+) -> dict[str, Any]:
+    """The steady window on a finished scale-out (its manager still running), from the
+    moment its API requests stopped and its work queues drained (`wait_drained`)."""
     manager = run.manager
     assert manager.pid is not None
+    await settle(bed)
+    drained = await wait_drained(manager, deadline=max(300.0, run.n * 0.1))
+    note(
+        f"work queues drained {drained.seconds:.0f} s after the API went quiet "
+        f"(reconciles meanwhile: {drained.reconciles})"
+    )
     start = await settle(bed)
     counts_before = reconcile_counts(await manager.metrics())
     before = ProcStat.read(manager.pid)
     note(f"steady state: {run.n} Ready machines, measuring for {seconds:.0f} s")
-    await asyncio.sleep(seconds)
+    spy = await _profile(manager.pid, seconds, profile) if profile is not None else None
+    await asyncio.sleep(seconds)  # the window itself: nothing to wait for, by definition
     after = ProcStat.read(manager.pid)
     end = bed.plane.audit_offset()
     counts_after = reconcile_counts(await manager.metrics())
+    if spy is not None:
+        await spy.wait()
     window = AuditWindow.read(bed.audit_log, user=MANAGER_USER, start=start, end=end)
     since_ready = AuditWindow.read(
         bed.audit_log, user=MANAGER_USER, start=run.started_offset, end=end
@@ -287,6 +370,9 @@ async def measure_steady(bed: Bed, run: Run, *, seconds: float) -> dict[str, Any
         "reconciles_in_window": {
             k: counts_after[k] - counts_before.get(k, 0.0) for k in sorted(counts_after)
         },
+        "drain_seconds_before_window": drained.seconds,
+        "drained_before_window": drained.drained,
+        "reconciles_while_draining": drained.reconciles,
         "cluster_health_interval_s": CLUSTER_HEALTH_INTERVAL,
         "sync_period": "off",
         "clusters": len(run.clusters),

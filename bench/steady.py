@@ -46,7 +46,11 @@ async def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--machines", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--clusters", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument(
+        "--profile", type=Path, help="py-spy the manager over the window (collapsed stacks)"
+    )
     parser.add_argument(
         "--no-raw", action="store_true", help="skip the raw replay (no scaleout.json)"
     )
@@ -55,8 +59,11 @@ async def main(argv: list[str]) -> int:
     require_parts()
     with tempfile.TemporaryDirectory(prefix="capl-bench-") as tmp:
         async with Bed(workdir=Path(tmp)) as bed:
-            run = await scale_out(bed, args.machines, concurrency=args.concurrency)
-            write_result("steady", await measure_steady(bed, run, seconds=args.seconds))
+            run = await scale_out(
+                bed, args.machines, clusters=args.clusters, concurrency=args.concurrency
+            )
+            steady = await measure_steady(bed, run, seconds=args.seconds, profile=args.profile)
+            write_result("steady", steady)
             if not args.no_raw:
                 raw = await replay(bed, run, concurrency=args.concurrency)
                 write_result("scaleout", result(run, raw, concurrency=args.concurrency))

@@ -164,7 +164,15 @@ def _add_timeouts(p: argparse.ArgumentParser) -> None:
         "--cluster-health-interval",
         type=parse_duration,
         default=60.0,
-        help="re-check every cluster's hosts this often, 0 disables (60s)",
+        help="probe every host of the clusters this often (one call per host, spread over "
+        "the interval); clusters whose reachability changed are reconciled; 0 disables (60s)",
+    )
+    p.add_argument(
+        "--cluster-drift-interval",
+        type=parse_duration,
+        default=600.0,
+        help="reconcile a healthy cluster in full again after about this long (a network or "
+        "pool removed behind capl's back), 0 disables (10m)",
     )
 
 

@@ -195,7 +195,8 @@ def options_from_args(args: argparse.Namespace) -> ProviderOptions:
             bootstrap=BootstrapOptions(timeout=args.bootstrap_timeout),
         ),
         cluster=libvirtcluster.LibvirtClusterOptions(
-            health_interval=args.cluster_health_interval or None
+            health_interval=args.cluster_health_interval or None,
+            drift_interval=args.cluster_drift_interval or None,
         ),
         libvirt_call_timeout=args.libvirt_call_timeout,
         libvirt_long_call_timeout=args.libvirt_long_call_timeout,

@@ -54,14 +54,17 @@ after `unreachable_retry`; problems only a spec or host change can cure after
 `terminal_retry` (spec/Secret changes trigger a reconcile anyway); a host being evacuated
 after `maintenance.poll_interval` (its migrations and machines wake it sooner) and when a
 failed migration's retry backoff ends; a healthy cluster is
-looked at again after `health_interval` (HostsReachable stays current), which can be turned
-off. libvirt host connection events (connected / disconnected) requeue the clusters using
-that host; the watches are in `cluster_watches`.
+looked at again after about `drift_interval` (jittered), which can be turned off.
+HostsReachable stays current without a reconcile per cluster: every `health_interval` each
+distinct host is probed once (`cluster_health`) and only the clusters whose status disagrees
+are queued; libvirt host connection events (connected / disconnected) requeue the clusters
+using that host at once; the watches are in `cluster_watches`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +83,7 @@ from capl.controllers.cluster_endpoint import (
     spec_endpoint,
 )
 from capl.controllers.cluster_events import report_changes, report_removals, warn_new_failures
+from capl.controllers.cluster_health import HostProbe
 from capl.controllers.cluster_hosts import (
     ApiPlan,
     HostPlan,
@@ -147,7 +151,13 @@ class LibvirtClusterOptions:
     """Timing of the LibvirtCluster controller (seconds)."""
 
     health_interval: float | None = 60.0
-    """Look at a cluster again after this long (HostsReachable, drift); None/0: only on events."""
+    """Probe every host of the clusters this often, one host at a time spread over the
+    interval (`cluster_health`): a cluster whose HostsReachable disagrees is reconciled;
+    None/0: only connection events and `drift_interval`."""
+    drift_interval: float | None = 600.0
+    """Reconcile a healthy cluster in full again after about this long (a network or pool
+    removed behind capl's back), jittered by up to -10 % so that clusters spread; None/0:
+    only on events."""
     unreachable_retry: float = 30.0
     """Retry after this long while a host cannot be reached."""
     terminal_retry: float = 300.0
@@ -364,8 +374,8 @@ class LibvirtClusterReconciler:
     ) -> Result:
         options = self.options
         delays: list[float] = []
-        if options.health_interval:
-            delays.append(options.health_interval)
+        if options.drift_interval:
+            delays.append(options.drift_interval * (1.0 - 0.1 * random.random()))
         if evacuation is not None and evacuation.requeue_after is not None:
             delays.append(evacuation.requeue_after)
         if any(not p.terminal and not p.unreachable for p in problems) or (
@@ -489,4 +499,7 @@ def setup(
     manager.add_runnable(
         host_event_trigger(deps, controller.enqueue), name=f"{CONTROLLER_NAME}-host-events"
     )
+    if reconciler.options.health_interval:
+        probe = HostProbe(deps, controller.enqueue, interval=reconciler.options.health_interval)
+        manager.add_runnable(probe.run, name=f"{CONTROLLER_NAME}-host-probe")
     return controller

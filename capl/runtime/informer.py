@@ -425,7 +425,7 @@ class Cache:
         return self.informer(resource).store
 
     def get(self, resource: Resource, key: ObjectKey) -> Obj | None:
-        """The cached object (shared: copy before changing), None if absent."""
+        """The cached object (decoded for this call: the caller's own), None if absent."""
         return self.informer(resource).store.get(key)
 
     def list(

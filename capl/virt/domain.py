@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Collection
 from typing import Any
 
 import libvirt
@@ -300,9 +301,15 @@ def retag(c: Any, host_id: HostId, uuid: str, owner: DomainOwner) -> DomainInfo:
     return _info(host_id, domain, owner)
 
 
-def list_owned(c: Any, host_id: HostId, cluster: str | None) -> list[DomainInfo]:
+def list_owned(
+    c: Any, host_id: HostId, cluster: str | None, skip_uuids: Collection[str] = ()
+) -> list[DomainInfo]:
+    """The tagged domains (of `cluster`); those in `skip_uuids` are not read (the UUID comes
+    with the listing, the tag costs a call)."""
     result = []
     for domain in c.listAllDomains(0):
+        if skip_uuids and domain.UUIDString().lower() in skip_uuids:
+            continue
         try:
             owner = owner_of(domain)
             if owner is None or (cluster is not None and owner.cluster != cluster):

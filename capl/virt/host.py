@@ -514,9 +514,11 @@ class LibvirtHost(Day2Operations):
             f"retag domain {uuid}", lambda c: domains.retag(c, self.host_id, uuid, owner)
         )
 
-    async def list_domains(self, *, cluster: str | None = None) -> list[DomainInfo]:
+    async def list_domains(
+        self, *, cluster: str | None = None, skip_uuids: Collection[str] = ()
+    ) -> list[DomainInfo]:
         return await self._conn.run(
-            "list domains", lambda c: domains.list_owned(c, self.host_id, cluster)
+            "list domains", lambda c: domains.list_owned(c, self.host_id, cluster, skip_uuids)
         )
 
     async def domain_addresses(self, uuid: str) -> list[InterfaceAddress]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -258,8 +259,12 @@ class HostDomains(Protocol):
         ``clusterctl move``). A different identity raises ForeignDomainError."""
         ...
 
-    async def list_domains(self, *, cluster: str | None = None) -> list[DomainInfo]:
-        """Domains with a capl tag (of ``cluster`` when given)."""
+    async def list_domains(
+        self, *, cluster: str | None = None, skip_uuids: Collection[str] = ()
+    ) -> list[DomainInfo]:
+        """Domains with a capl tag (of ``cluster`` when given). A domain whose UUID (lower
+        case) is in ``skip_uuids`` is left out unread: reading a tag costs a call per
+        domain, the listing one call for all."""
         ...
 
     async def domain_addresses(self, uuid: str) -> list[InterfaceAddress]:

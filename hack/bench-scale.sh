@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The body of `make bench-scale` (not in `make bench`, whose 30 minutes it does not fit): the
+# scaling curve up to 10,000 machines (in clusters of 100) and the steady window on the
+# 10,000 Ready machines, then bench/report.py. It replaces only scaling_curve.json and
+# steady.json in bench/results/ (run it after `make bench`, which measures the curve to
+# 3,000 and the steady window there); the report then has the 10,000-machine figures.
+# Knobs: CAPL_BENCH_SCALE_SIZES (default 100,1000,3000,10000), CAPL_BENCH_STEADY (60).
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=hack/lib.sh
+. "$HERE/lib.sh"
+cd "$HERE/.."
+
+started=$SECONDS
+bed_up
+PY=.venv/bin/python
+if ! "$PY" -c 'import matplotlib' 2>/dev/null; then
+	.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[bench]' ||
+		die "pip install of the bench extra failed"
+fi
+mkdir -p bench/results
+rm -f bench/results/scaling_curve.json bench/results/steady.json
+status=0
+"$PY" bench/scaling_curve.py --no-raw --sizes "${CAPL_BENCH_SCALE_SIZES:-100,1000,3000,10000}" \
+	--steady "${CAPL_BENCH_STEADY:-60}" || status=$?
+note "scaling curve: $((SECONDS - started)) s"
+"$PY" bench/report.py --require scaling,steady || status=$?
+note "make bench-scale: $((SECONDS - started)) s"
+exit "$status"
