@@ -137,12 +137,24 @@ async def _create_steps(scope: MachineScope, bootstrap: BootstrapData) -> Domain
         nics=nics,
         console_log=posixpath.join(posixpath.dirname(root_path), names.console_log),
     )
-    # neither the UUID (ensure_domain, or fresh) nor the name (above) exists: no look-up again
-    defined = await host.define_domain(domain_spec, absent=holder is None)
-    fault_point("domain-defined")
-    started = await start_domain(scope.ctx, host, domain_uuid, ident.owner(), defined=defined)
+    # neither the UUID (ensure_domain, or fresh) nor the name (above) exists: no look-up
+    # again; defined and started in one operation (its STARTED event is our own echo)
+    starts = scope.ctx.memory.own_starts
+    starts.add(domain_uuid, now=scope.ctx.deps.clock.now())
+    try:
+        started = await host.create_domain(
+            domain_spec, absent=holder is None, on_defined=_domain_defined
+        )
+    except BaseException:
+        starts.discard(domain_uuid)
+        raise
     fault_point("domain-started")
     return started
+
+
+def _domain_defined() -> None:
+    """Between the definition and the start (on the libvirt worker thread)."""
+    fault_point("domain-defined")
 
 
 async def _create_storage(
