@@ -178,21 +178,26 @@ def define_and_start(
     *,
     absent: bool,
     on_defined: Callable[[], None] | None = None,
-) -> DomainInfo:
-    """``define`` with ``absent``, then ``start`` of what it defined, on the same handle (see
-    ``Host.create_domain``): the domain just defined is started through the object defineXML
-    returned, without a look-up by UUID in between. ``on_defined`` runs between the two."""
+) -> tuple[DomainInfo, list[InterfaceAddress]]:
+    """``define`` with ``absent``, then ``start`` of what it defined, then its addresses, on
+    the same handle (see ``Host.create_domain``): the domain just defined is started and
+    asked for its addresses through the object defineXML returned, without a look-up by UUID
+    in between. ``on_defined`` runs between the definition and the start."""
     if not absent:
         info = define(c, host_id, spec)
         if on_defined is not None:
             on_defined()
-        return start(c, host_id, spec.uuid, spec.owner, defined=info)
+        info = start(c, host_id, spec.uuid, spec.owner, defined=info)
+        running = info.state is DomainState.RUNNING
+        return info, (domain_addresses(c, spec.uuid) if running else [])
     xml = build_domain_xml(spec)  # validates the spec before any call
     domain = c.defineXML(xml)
     info = _defined(domain, host_id, spec)
     if on_defined is not None:
         on_defined()
-    return _start_object(domain, host_id, spec.owner, info)
+    info = _start_object(domain, host_id, spec.owner, info)
+    running = info.state is DomainState.RUNNING
+    return info, (_addresses(domain, spec.uuid) if running else [])
 
 
 def _require(c: Any, uuid: str, owner: DomainOwner) -> Any:
@@ -363,6 +368,10 @@ def domain_addresses(c: Any, uuid: str) -> list[InterfaceAddress]:
     domain = _by_uuid(c, uuid)
     if domain is None:
         raise DomainNotFound(f"domain {uuid} does not exist")
+    return _addresses(domain, uuid)
+
+
+def _addresses(domain: Any, uuid: str) -> list[InterfaceAddress]:
     found: dict[tuple[AddressSource, str, str], InterfaceAddress] = {}
     for source, flag in _SOURCES:
         try:

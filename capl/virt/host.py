@@ -455,7 +455,7 @@ class LibvirtHost(Day2Operations):
         *,
         absent: bool = False,
         on_defined: Callable[[], None] | None = None,
-    ) -> DomainInfo:
+    ) -> tuple[DomainInfo, list[InterfaceAddress]]:
         if not spec.hardware.pci and not spec.hardware.mdevs:
             return await self._conn.run(
                 f"define and start domain {spec.name}",
@@ -464,7 +464,7 @@ class LibvirtHost(Day2Operations):
                 ),
             )
 
-        def op(c: Any) -> DomainInfo:
+        def op(c: Any) -> tuple[DomainInfo, list[InterfaceAddress]]:
             # as define_domain: devices chosen and the domain defined in one serial section
             resolved = hardware.resolve(hardware.read(c, skip_uuid=spec.uuid), spec)
             return domains.define_and_start(

@@ -70,10 +70,10 @@ class _HookedHost:
 
     async def create_domain(
         self, spec: DomainSpec, *, absent: bool = False, on_defined: Any = None
-    ) -> DomainInfo:
-        info = await self._inner.create_domain(spec, absent=absent, on_defined=on_defined)
+    ) -> tuple[DomainInfo, list[Any]]:
+        created = await self._inner.create_domain(spec, absent=absent, on_defined=on_defined)
         await self._on_start(spec.owner)
-        return info
+        return created
 
 
 class _HookedHosts:

@@ -126,10 +126,11 @@ async def test_a_domain_just_defined_is_defined_and_started_without_reading_it_a
 async def test_create_domain_defines_and_starts_in_one_operation(
     hosts: LibvirtHosts, host: LibvirtHost
 ) -> None:
-    """Host.create_domain, the create path: 3 calls (defineXML, setAutostart, create: the
-    domain is started through the object define returned, no look-up by UUID), `on_defined`
-    runs between the two, and the answer is what a fresh read says. Not absent (the domain
-    may exist): define's checks and a start of what is there."""
+    """Host.create_domain, the create path: defineXML, setAutostart, create and the two
+    address queries (lease, agent), all through the object define returned, no look-up by
+    UUID; `on_defined` runs between the definition and the start; the answer is what fresh
+    reads say. Not absent (the domain may exist): define's checks and a start of what is
+    there."""
     owner = _owner()
     spec = _spec(owner)
     assert await host.get_domain(spec.uuid) is None  # (connects)
@@ -144,18 +145,20 @@ async def test_create_domain_defines_and_starts_in_one_operation(
             conn.close()
 
     before = hosts.calls.snapshot()[host.host_id]
-    running = await host.create_domain(spec, absent=True, on_defined=between)
+    running, observed = await host.create_domain(spec, absent=True, on_defined=between)
     after = hosts.calls.snapshot()[host.host_id]
     assert {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)} == {
         "virConnect.defineXML": 1,
         "virDomain.setAutostart": 1,
         "virDomain.create": 1,
+        "virDomain.interfaceAddresses": 2,
     }
     assert seen == [DomainState.SHUTOFF]
+    assert observed == await host.domain_addresses(spec.uuid)
     assert running.state is DomainState.RUNNING
     assert await host.get_domain(spec.uuid) == running
     # not absent: an existing domain of ours is taken as it is (running: no start)
-    assert await host.create_domain(spec) == running
+    assert await host.create_domain(spec) == (running, observed)
     # a foreign domain under the name is refused before anything changes
     foreign = _spec(_owner(), name=spec.name, uuid=str(uuid.uuid4()))
     with pytest.raises(ForeignDomainError):

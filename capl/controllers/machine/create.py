@@ -47,7 +47,7 @@ from capl.controllers.machine.target import Identity, Target
 from capl.ports.bootstrap import build_nocloud_iso
 from capl.ports.errors import ForeignDomainError, PoolNotFound, VirtError
 from capl.ports.naming import MachineNames
-from capl.ports.virt import DomainInfo, DomainOwner, Host
+from capl.ports.virt import DomainInfo, DomainOwner, Host, InterfaceAddress
 from capl.runtime.conditions import get_condition
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import SECRET
@@ -85,9 +85,12 @@ def bootstrap_data(scope: MachineScope) -> BootstrapData | None:
         return None
 
 
-async def create(scope: MachineScope, bootstrap: BootstrapData) -> DomainInfo:
+async def create(
+    scope: MachineScope, bootstrap: BootstrapData
+) -> tuple[DomainInfo, list[InterfaceAddress]]:
     """Create everything of a machine whose domain does not exist; roll back on a
-    failure retrying will not fix soon. Each step is idempotent."""
+    failure retrying will not fix soon. Each step is idempotent. The running domain and the
+    addresses the host reports for it right after its start (`Host.create_domain`)."""
     on = scope.on
     try:
         return await _create_steps(scope, bootstrap)
@@ -96,7 +99,9 @@ async def create(scope: MachineScope, bootstrap: BootstrapData) -> DomainInfo:
         raise
 
 
-async def _create_steps(scope: MachineScope, bootstrap: BootstrapData) -> DomainInfo:
+async def _create_steps(
+    scope: MachineScope, bootstrap: BootstrapData
+) -> tuple[DomainInfo, list[InterfaceAddress]]:
     on, spec = scope.on, scope.lm.spec
     target, ident, domain_uuid = on.target, on.ident, on.domain_uuid
     host, names = target.host, ident.names

@@ -227,11 +227,12 @@ class HostDomains(Protocol):
         *,
         absent: bool = False,
         on_defined: Callable[[], None] | None = None,
-    ) -> DomainInfo:
-        """``define_domain`` then ``start_domain(defined=...)`` in one operation: the domain
-        just defined is started without being looked up again (a call and a round trip
-        through a worker thread fewer per machine). ``on_defined`` runs between the two, on
-        the worker thread (the crash tests' fault point after the definition)."""
+    ) -> tuple[DomainInfo, list[InterfaceAddress]]:
+        """``define_domain``, ``start_domain(defined=...)`` and, when it runs,
+        ``domain_addresses`` in one operation: the domain just defined is started and asked
+        for its addresses without being looked up again (two calls and two round trips
+        through a worker thread fewer per machine). ``on_defined`` runs between the
+        definition and the start, on the worker thread (the crash tests' fault point)."""
         ...
 
     async def get_domain(self, uuid: str) -> DomainInfo | None: ...
