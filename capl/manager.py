@@ -35,6 +35,7 @@ from capl.runtime.resources import LIBVIRT_CLUSTER, LIBVIRT_MACHINE
 from capl.virt.connection import CALL_TIMEOUT, LONG_CALL_TIMEOUT
 from capl.virt.hosts import LibvirtHosts
 from capl.virt.migration import LibvirtMigrations
+from capl.virt.snapshot import snapshots_of
 from capl.webhooks.inplace import mount_in_place_extension
 from capl.webhooks.server import CERT_NAME, KEY_NAME, WebhookServer, create_app
 
@@ -133,6 +134,7 @@ def build(options: ProviderOptions, client: KubeClient) -> Built:
         hosts=hosts,
         workload=workload,
         clock=manager.clock,
+        snapshots=snapshots_of,
     )
     libvirtcluster.setup(manager, deps, options=options.cluster)
     libvirtmachine.setup(manager, deps, options=options.machine)

@@ -227,6 +227,7 @@ class Reason(StrEnum):
     HARDWARE_APPLIED = "HardwareApplied"
     RESTART_REQUIRED = "RestartRequired"
     HARDWARE_UPDATE_FAILED = "HardwareUpdateFailed"
+    HARDWARE_REVERTED = "HardwareReverted"
     NOT_IN_PLACE = "NotInPlace"
     NO_TARGET_HOST = "NoTargetHost"
     WAITING_FOR_MIGRATION = "WaitingForMigration"

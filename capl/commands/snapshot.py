@@ -78,13 +78,19 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from capl.ports.errors import InvalidSpec
-    from capl.ports.virt.snapshots import check_snapshot_name
+    from capl.ports.virt.snapshots import DAY2_SNAPSHOT, check_snapshot_name
 
     if getattr(args, "name", None) is not None:
         try:
             check_snapshot_name(args.name)
         except InvalidSpec as exc:
             raise CliError(str(exc), code=EXIT_USAGE) from None
+        if args.action == "create" and args.name == DAY2_SNAPSHOT:
+            raise CliError(
+                f"snapshot name {DAY2_SNAPSHOT!r} is reserved for the manager's day-2 changes"
+                " (it merges or reverts it): choose another name",
+                code=EXIT_USAGE,
+            )
     namespace = args.namespace or default_namespace(args.kubeconfig, context=args.context)
     return asyncio.run(_act(args, namespace))
 

@@ -30,6 +30,7 @@ from capl.api.defaults import default_libvirt_cluster
 from capl.api.meta import ObjectMeta, OwnerReference
 from capl.ports.kube import WorkloadClusters
 from capl.ports.virt import Host, HostOptions, Hosts
+from capl.ports.virt.snapshots import SnapshotsOf
 from capl.runtime.client import Client
 from capl.runtime.clock import Clock
 from capl.runtime.events import Recorder
@@ -52,6 +53,10 @@ class Deps:
     hosts: Hosts
     workload: WorkloadClusters
     clock: Clock
+    snapshots: SnapshotsOf | None = None
+    """The external snapshots of a host (`capl.virt.snapshot.snapshots_of` in the manager):
+    a day-2 change is made under a snapshot and reverted when it fails
+    (`capl.controllers.machine.day2_snapshot`); None: no snapshot is taken."""
 
 
 class InvalidObject(Exception):

@@ -64,6 +64,7 @@ from capl.testing.objects import (
     wait_for_object,
 )
 from capl.virt import LibvirtHosts
+from capl.virt.snapshot import snapshots_of
 
 TEST_DRIVER = "test:///default"
 """The per-process libvirt test driver: the harness's default host."""
@@ -152,6 +153,7 @@ class ControllerHarness:
             hosts=self.hosts,
             workload=self.workload,
             clock=self.manager.clock,
+            snapshots=snapshots_of,  # as the manager: day-2 changes under a snapshot
         )
 
     # -- running -----------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The host's hardware as machines need it (blocking; runs in worker threads).
 
 - ``read``: NUMA cells with their CPUs and free hugepages (capabilities, and
-  ``virNodeGetFreePages`` where the driver has it), the CPU models usable in custom mode
-  (domain capabilities; None when the driver has none), the PCI devices and mediated
+  ``virNodeGetFreePages`` where the driver has it), the CPU models usable in custom mode and
+  whether an emulated TPM 2.0 (swtpm) and UEFI secure boot (on q35) can be given (domain
+  capabilities; None when the driver has none), the PCI devices and mediated
   devices (node devices, ``pci`` and ``mdev`` capabilities), and which of them domains
   defined on the host use (their ``<hostdev>`` elements, every domain, not only capl's).
 - ``resolve``: the ``DomainSpec`` with every device selector bound to one free device;
@@ -14,7 +15,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
 
 import libvirt
 
@@ -31,7 +35,22 @@ from capl.ports.virt import (
 from capl.virt.errors import is_unsupported_flags
 from capl.virt.xmlutil import parse
 
-__all__ = ["parse_node_device", "parse_topology", "read", "resolve", "used_devices"]
+__all__ = [
+    "SECURE_BOOT_MACHINE",
+    "parse_cpu_models",
+    "parse_node_device",
+    "parse_secure_boot",
+    "parse_topology",
+    "parse_tpm_emulator",
+    "read",
+    "resolve",
+    "used_devices",
+]
+
+S = TypeVar("S", PciSelector, MdevSelector)
+
+SECURE_BOOT_MACHINE: Final = "q35"
+"""The machine type of a secure-boot domain (SMM), `capl.controllers.machine.plan`."""
 
 
 def parse_topology(caps: str) -> tuple[HostCell, ...]:
@@ -105,23 +124,85 @@ def used_devices(document: str) -> tuple[set[str], set[str]]:
     return pci, mdevs
 
 
-def _cpu_models(c: Any, caps: str) -> tuple[str, ...] | None:
-    root = parse(caps)
-    arch = root.findtext("host/cpu/arch")
+def _domain_capabilities(c: Any, arch: str | None, machine: str | None) -> str | None:
+    """``virConnectGetDomainCapabilities`` (None: the driver has none, e.g. the test driver,
+    or not for this machine type)."""
     try:
-        document = c.getDomainCapabilities(None, arch, None, None, 0)
+        return str(c.getDomainCapabilities(None, arch, machine, None, 0))
     except libvirt.libvirtError as exc:
         if is_unsupported_flags(exc) or exc.get_error_code() in (
             libvirt.VIR_ERR_NO_SUPPORT,
             libvirt.VIR_ERR_INVALID_ARG,
             libvirt.VIR_ERR_INTERNAL_ERROR,
+            libvirt.VIR_ERR_CONFIG_UNSUPPORTED,
         ):
             return None
         raise
-    custom = parse(document).find("cpu/mode[@name='custom']")
+
+
+def parse_cpu_models(domcaps: str) -> tuple[str, ...] | None:
+    """The CPU models usable in custom mode (None: the document lists none)."""
+    custom = parse(domcaps).find("cpu/mode[@name='custom']")
     if custom is None:
         return None
     return tuple(m.text or "" for m in custom.findall("model") if m.get("usable") != "no")
+
+
+def _enum(element: ET.Element | None, name: str) -> set[str] | None:
+    """The values of ``<enum name=...>`` under ``element`` (None: no such enum)."""
+    found = element.find(f"enum[@name='{name}']") if element is not None else None
+    return None if found is None else {v.text or "" for v in found.findall("value")}
+
+
+def parse_tpm_emulator(domcaps: str) -> bool:
+    """The domain capabilities offer capl's TPM: ``tpm-crb`` with the ``emulator`` backend
+    at version 2.0 (an older libvirt without the version enum: the emulator is enough)."""
+    tpm = parse(domcaps).find("devices/tpm")
+    if tpm is None or tpm.get("supported") != "yes":
+        return False
+    versions = _enum(tpm, "backendVersion")
+    return (
+        "tpm-crb" in (_enum(tpm, "model") or set())
+        and "emulator" in (_enum(tpm, "backendModel") or set())
+        and (versions is None or "2.0" in versions)
+    )
+
+
+def parse_secure_boot(domcaps: str) -> bool:
+    """The domain capabilities (of the machine type used for secure boot) offer UEFI with a
+    secure loader: firmware ``efi`` and loader ``secure`` ``yes``."""
+    os_element = parse(domcaps).find("os")
+    if os_element is None or os_element.get("supported") != "yes":
+        return False
+    loader = os_element.find("loader")
+    return (
+        "efi" in (_enum(os_element, "firmware") or set())
+        and loader is not None
+        and loader.get("supported") == "yes"
+        and "yes" in (_enum(loader, "secure") or set())
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Features:
+    cpu_models: tuple[str, ...] | None
+    tpm_emulator: bool | None
+    secure_boot: bool | None
+
+
+def _features(c: Any, caps: str) -> _Features:
+    """CPU models and TPM from the default machine type's domain capabilities, secure boot
+    from those of ``SECURE_BOOT_MACHINE`` (None each: the driver does not say)."""
+    arch = parse(caps).findtext("host/cpu/arch")
+    default = _domain_capabilities(c, arch, None)
+    if default is None:
+        return _Features(None, None, None)
+    secure = _domain_capabilities(c, arch, SECURE_BOOT_MACHINE)
+    return _Features(
+        cpu_models=parse_cpu_models(default),
+        tpm_emulator=parse_tpm_emulator(default),
+        secure_boot=None if secure is None else parse_secure_boot(secure),
+    )
 
 
 def _free_pages(c: Any, cells: tuple[HostCell, ...]) -> tuple[HostCell, ...]:
@@ -172,9 +253,12 @@ def read(c: Any, *, skip_uuid: str | None = None) -> HostHardware:
             continue
         used_pci |= p
         used_mdevs |= m
+    features = _features(c, caps)
     return HostHardware(
         cells=cells,
-        cpu_models=_cpu_models(c, caps),
+        cpu_models=features.cpu_models,
+        tpm_emulator=features.tpm_emulator,
+        secure_boot=features.secure_boot,
         pci=tuple(pci),
         mdevs=tuple(mdevs),
         used_pci=frozenset(used_pci),
@@ -183,30 +267,33 @@ def read(c: Any, *, skip_uuid: str | None = None) -> HostHardware:
     )
 
 
+def _bind(
+    selectors: Sequence[S], devices: Sequence[Any], taken: set[str], *, key: str, field: str
+) -> list[S]:
+    """Each selector bound to the first free device it matches (its ``key``, ``address`` or
+    ``uuid``, set from the device's); DeviceUnavailable naming the first left without
+    (``field``: "host device", "mediated device")."""
+    bound: list[S] = []
+    for selector in selectors:
+        device = next(
+            (d for d in devices if selector.matches(d) and getattr(d, key) not in taken), None
+        )
+        if device is None:
+            noun = "PCI device " if isinstance(selector, PciSelector) else ""
+            raise DeviceUnavailable(
+                f"{field} {selector.name}: no free {noun}{selector.describe()} on the host"
+            )
+        taken.add(getattr(device, key))
+        bound.append(dataclasses.replace(selector, **{key: getattr(device, key)}))
+    return bound
+
+
 def resolve(hw: HostHardware, spec: DomainSpec) -> DomainSpec:
     """``spec`` with each device selector bound to a free device of the host."""
     want = spec.hardware
     if not want.pci and not want.mdevs:
         return spec
-    taken = set(hw.used_pci)
-    pci: list[PciSelector] = []
-    for selector in want.pci:
-        device = next((d for d in hw.pci if selector.matches(d) and d.address not in taken), None)
-        if device is None:
-            raise DeviceUnavailable(
-                f"host device {selector.name}: no free PCI device {selector.describe()} on the host"
-            )
-        taken.add(device.address)
-        pci.append(dataclasses.replace(selector, address=device.address))
-    taken_mdevs = set(hw.used_mdevs)
-    mdevs: list[MdevSelector] = []
-    for wanted in want.mdevs:
-        mdev = next((d for d in hw.mdevs if wanted.matches(d) and d.uuid not in taken_mdevs), None)
-        if mdev is None:
-            raise DeviceUnavailable(
-                f"mediated device {wanted.name}: no free {wanted.describe()} on the host"
-            )
-        taken_mdevs.add(mdev.uuid)
-        mdevs.append(dataclasses.replace(wanted, uuid=mdev.uuid))
+    pci = _bind(want.pci, hw.pci, set(hw.used_pci), key="address", field="host device")
+    mdevs = _bind(want.mdevs, hw.mdevs, set(hw.used_mdevs), key="uuid", field="mediated device")
     hardware = dataclasses.replace(want, pci=tuple(pci), mdevs=tuple(mdevs))
     return dataclasses.replace(spec, hardware=hardware)

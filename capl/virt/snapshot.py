@@ -18,8 +18,10 @@ write to S's overlay O. The state at S is therefore "B, with an empty O on top".
 2. stop the domain (destroy: what it wrote after S is discarded anyway);
 3. recreate each O empty, backed by B, through the storage pool of its directory
    (``virStorageVolCreateXML`` with a ``<backingStore>``, so it works on remote hosts);
-4. point the persistent definition's disks at the O files again and mark S current
-   (``REDEFINE|CURRENT``), then remove the descendants' files (none is in a chain now);
+4. point the persistent definition's disks at the O files again (the current definition, or
+   the one saved when S was taken: ``definition``, which undoes devices, vCPUs and memory
+   changed since) and mark S current (``REDEFINE|CURRENT``), then remove the descendants'
+   files (none is in a chain now);
 5. with a memory snapshot: restore the saved RAM (``virDomainRestoreFlags``) with the
    disks replaced by the new O files (what libvirt ≥ 9.9 does itself); else start the domain
    when it ran before the revert (or as ``start`` says).
@@ -41,6 +43,7 @@ import contextlib
 import datetime
 import os
 import xml.etree.ElementTree as ET
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +62,8 @@ from capl.virt.support import lookup
 from capl.virt.xmlutil import parse, serialize, sub
 
 __all__ = ["LibvirtSnapshots", "snapshot_info_of", "snapshots_of"]
+
+_INACTIVE_SECURE = libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE
 
 
 def snapshot_info_of(document: str, *, current: bool) -> SnapshotInfo:
@@ -222,8 +227,11 @@ def _info(snapshot: Any) -> SnapshotInfo:
     return snapshot_info_of(snapshot.getXMLDesc(0), current=bool(snapshot.isCurrent(0)))
 
 
-def _create_xml(domain: Any, name: str, *, memory: bool, description: str) -> str:
-    """The ``<domainsnapshot>`` request: writable file disks external, the rest left out."""
+def _create_xml(
+    domain: Any, name: str, *, memory: bool, description: str, exclude: frozenset[str]
+) -> str:
+    """The ``<domainsnapshot>`` request: writable file disks external (but the targets in
+    ``exclude``), the rest left out."""
     live = parse(domain.XMLDesc(0))
     dom_name = domain.name()
     request = ET.Element("domainsnapshot")
@@ -241,6 +249,7 @@ def _create_xml(domain: Any, name: str, *, memory: bool, description: str) -> st
             or disk.get("device", "disk") != "disk"
             or disk.find("readonly") is not None
             or not path
+            or dev in exclude
         ):
             if dev:
                 sub(disks, "disk", name=dev, snapshot="no")
@@ -281,9 +290,16 @@ class LibvirtSnapshots:
             return await connection.run(action, fn)
 
     async def create_snapshot(
-        self, uuid: str, name: str, *, memory: bool = False, description: str = ""
+        self,
+        uuid: str,
+        name: str,
+        *,
+        memory: bool = False,
+        description: str = "",
+        exclude: Collection[str] = (),
     ) -> SnapshotInfo:
         check_snapshot_name(name)
+        left_out = frozenset(exclude)
         host_id = self.host_id
 
         def op(c: Any) -> SnapshotInfo:
@@ -296,7 +312,9 @@ class LibvirtSnapshots:
                     f"domain {uuid} ({domain.name()}) already has a snapshot {name!r}",
                     host=host_id,
                 )
-            request = _create_xml(domain, name, memory=memory, description=description)
+            request = _create_xml(
+                domain, name, memory=memory, description=description, exclude=left_out
+            )
             flags = libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC
             if not memory:
                 flags |= libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_DISK_ONLY
@@ -322,8 +340,20 @@ class LibvirtSnapshots:
         )
         return result
 
+    async def persistent_definition(self, uuid: str) -> str:
+        host_id = self.host_id
+
+        def op(c: Any) -> str:
+            domain = _domain(c, uuid, host_id)
+            return str(domain.XMLDesc(_INACTIVE_SECURE))
+
+        result: str = await self._host.connection.run(
+            f"read the persistent definition of domain {uuid}", op
+        )
+        return result
+
     async def revert_snapshot(
-        self, uuid: str, name: str, *, start: bool | None = None
+        self, uuid: str, name: str, *, start: bool | None = None, definition: str | None = None
     ) -> SnapshotInfo:
         host_id = self.host_id
 
@@ -338,7 +368,7 @@ class LibvirtSnapshots:
                 return _info(snapshot)
             for layer in layers:  # refuse before stopping anything
                 _pool_of(c, layer.overlay)
-            _revert_external(c, domain, snapshot, document, layers, start)
+            _revert_external(c, domain, snapshot, document, layers, start, definition)
             return _info(domain.snapshotLookupByName(name, 0))
 
         result: SnapshotInfo = await self._run(f"revert domain {uuid} to snapshot {name}", op)
@@ -365,9 +395,16 @@ class LibvirtSnapshots:
 
 
 def _revert_external(
-    c: Any, domain: Any, snapshot: Any, document: str, layers: list[_Layer], start: bool | None
+    c: Any,
+    domain: Any,
+    snapshot: Any,
+    document: str,
+    layers: list[_Layer],
+    start: bool | None,
+    definition: str | None,
 ) -> None:
-    """Steps 1-5 of the module docstring (in the worker thread)."""
+    """Steps 1-5 of the module docstring (in the worker thread); ``definition``: the
+    persistent definition to put back (else the current one keeps its devices)."""
     root = parse(document)
     stale: list[str] = []
     for child in snapshot.listAllChildren(libvirt.VIR_DOMAIN_SNAPSHOT_LIST_DESCENDANTS):
@@ -382,11 +419,7 @@ def _revert_external(
         domain.destroy()
     for layer in layers:
         _recreate_overlay(c, layer)
-    c.defineXML(
-        _point_disks(
-            domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE), layers
-        )
-    )
+    c.defineXML(_point_disks(definition or domain.XMLDesc(_INACTIVE_SECURE), layers))
     flags = libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_REDEFINE | libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_CURRENT
     domain.snapshotCreateXML(document, flags)
     keep = {layer.overlay for layer in layers}

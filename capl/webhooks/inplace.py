@@ -18,7 +18,7 @@ it rolls out a MachineDeployment whose templates changed:
   done when the controller observed the generation and HardwareUpdated is not False (or is
   False/RestartRequired: the condition says what waits for the next power cycle); in
   progress (retryAfterSeconds) while the cache or the controller is behind; Failure for
-  NotInPlace.
+  NotInPlace and HardwareReverted (the change failed, was reverted and is not retried).
 
 Objects of other kinds (another provider's templates) get an empty patch. `Patch.patch` is Go
 `[]byte`, which JSON carries as base64.
@@ -189,7 +189,7 @@ def update_machine(request: Mapping[str, Any], machines: MachineLookup) -> dict[
     reason, message = condition.get("reason"), str(condition.get("message") or "")
     if reason == c.Reason.RESTART_REQUIRED:
         return _update_response("Success", message)
-    if reason == c.Reason.NOT_IN_PLACE:
+    if reason in (c.Reason.NOT_IN_PLACE, c.Reason.HARDWARE_REVERTED):
         return _update_response("Failure", message)
     return _update_response("Success", message, RETRY_SECONDS)
 

@@ -3,7 +3,8 @@
 A package of small services around one scope per reconcile (after the layout of Cluster API
 providers such as CAPMOX: a thin controller, a scope, services by concern):
 
-    reconciler   gates, watches, setup; the order of the steps (`_provision`, `_delete`)
+    reconciler   watches, setup, API-error backoff; the order of the steps (`_provision`)
+    gates        owner Machine, pause, finalizer, infrastructure, migration; the identity patch
     scope        MachineScope: the objects of one reconcile, their patcher, one status write
     memory       MachineMemory: everything remembered per key, forgotten in one place
     options      MachineOptions (timings)
@@ -16,7 +17,8 @@ providers such as CAPMOX: a thin controller, a scope, services by concern):
     guest        addresses, the workload Node's providerID, bootstrap success
     bootstrap    BootstrapSucceeded through the guest agent
     cleanup      what vanished objects left, the orphan sweep
-    delete       shutdown, undefine, volumes and network entries
+    delete       the deletion steps (`delete_steps`): move, pause, shutdown, undefine,
+                 volumes, network entries, IPAM addresses
     day2         a spec changed after creation applied to the domain (day2_plan: what)
     plan*        the pure planning core: no I/O, no clock (plan, plan_placement,
                  plan_addresses, plan_orphans)

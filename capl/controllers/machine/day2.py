@@ -27,12 +27,18 @@ naming a change that cannot be made in place (a rollout replaces the machine); F
 HardwareUpdateFailed with libvirt's error (a Warning event; retried with backoff). While
 something waits or failed the domain is read again on the next reconcile.
 
-Snapshots: `Snapshots` is the seam for a snapshot taken before a change and reverted when it
-fails (issue 17 item 6); the default takes none.
+Snapshots: every change is made under a disk-only snapshot when the manager injects one
+(`Deps.snapshots`; `day2_snapshot` says how, and why disk-only): merged away once the change
+worked; when it fails the domain is reverted to it (disks, definition, a restart of the
+guest), volumes it created are deleted, HardwareUpdated False/HardwareReverted and a
+Warning event say so, and this generation is not tried again. Deleting what a change
+removes (a disk's volume, a NIC's reservation) waits until the change is kept.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
@@ -52,17 +58,25 @@ from capl.controllers.machine.day2_plan import (
     fingerprint,
     plan_changes,
 )
+from capl.controllers.machine.day2_snapshot import DiskSnapshots
 from capl.controllers.machine.domain import DomainOutcome
 from capl.controllers.machine.network import reserve_nic
 from capl.controllers.machine.options import LOGGER
 from capl.controllers.machine.plan import classify
 from capl.controllers.machine.scope import MachineScope
 from capl.ports.errors import VirtError
-from capl.ports.virt import DiskBus, DiskSpec, NicSpec, VolumeFormat
+from capl.ports.virt import DiskBus, DiskSpec, DomainResources, NicSpec, VolumeFormat
 from capl.runtime.conditions import get_condition
 from capl.runtime.controller import Result
 
-__all__ = ["NoSnapshots", "Snapshots", "apply_changes", "describe"]
+__all__ = [
+    "ChangeReverted",
+    "NoSnapshots",
+    "Snapshots",
+    "apply_changes",
+    "describe",
+    "snapshots_for",
+]
 
 log = structlog.get_logger(LOGGER)
 
@@ -70,9 +84,16 @@ GIB = 1024**3
 
 
 class Snapshots(Protocol):
-    """Taken before a day-2 change, reverted if it fails, dropped once it worked."""
+    """Taken before a day-2 change, reverted if it fails, dropped once it worked
+    (`day2_snapshot.DiskSnapshots`; `NoSnapshots` when `Deps.snapshots` is None)."""
 
-    async def before(self, scope: MachineScope) -> object | None: ...
+    async def finish_leftover(self, scope: MachineScope, hardware: DomainResources) -> bool:
+        """Merge what an interrupted change left; True when it did (read the domain again)."""
+        ...
+
+    async def before(
+        self, scope: MachineScope, plan: DayTwoPlan, hardware: DomainResources
+    ) -> object | None: ...
 
     async def revert(self, scope: MachineScope, token: object) -> None: ...
 
@@ -80,9 +101,14 @@ class Snapshots(Protocol):
 
 
 class NoSnapshots:
-    """The default: no snapshot (the snapshot library plugs in here)."""
+    """No snapshot: a failed change is reported and retried."""
 
-    async def before(self, scope: MachineScope) -> object | None:
+    async def finish_leftover(self, scope: MachineScope, hardware: DomainResources) -> bool:
+        return False
+
+    async def before(
+        self, scope: MachineScope, plan: DayTwoPlan, hardware: DomainResources
+    ) -> object | None:
         return None
 
     async def revert(self, scope: MachineScope, token: object) -> None:
@@ -90,6 +116,20 @@ class NoSnapshots:
 
     async def drop(self, scope: MachineScope, token: object) -> None:
         return None
+
+
+def snapshots_for(scope: MachineScope) -> Snapshots:
+    """What the manager injected (`Deps.snapshots`), else no snapshots."""
+    of = scope.ctx.deps.snapshots
+    return NoSnapshots() if of is None else DiskSnapshots(of)
+
+
+class ChangeReverted(Exception):
+    """The change failed and the domain was reverted to the snapshot taken before it."""
+
+    def __init__(self, cause: VirtError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 async def apply_changes(
@@ -102,15 +142,18 @@ async def apply_changes(
     if outcome.created:
         record.day2 = wanted  # made from this spec
         return None
-    if record.day2 == wanted:
+    if record.day2 == wanted or _reverted_this_generation(scope):
         return None
     if record.day2 is None and _settled_before(scope):
         record.day2 = wanted  # e.g. after a restart: no libvirt call for what was done
         return None
     on = scope.on
     target = on.target
+    guard = snapshots or snapshots_for(scope)
     try:
         hardware = await target.host.domain_hardware(on.domain_uuid)
+        if await guard.finish_leftover(scope, hardware):
+            hardware = await target.host.domain_hardware(on.domain_uuid)
         plan = plan_changes(
             spec,
             hardware,
@@ -121,7 +164,10 @@ async def apply_changes(
             record.day2 = wanted
             _report_in_sync(scope)
             return None
-        pending = await _apply_with_snapshot(scope, plan, snapshots or NoSnapshots())
+        pending = await _apply_with_snapshot(scope, plan, hardware, guard)
+    except ChangeReverted as exc:
+        _report_reverted(scope, exc.cause)
+        return None
     except VirtError as exc:
         failure = classify(exc)
         message = f"applying the changed spec to the domain failed: {failure.message}"
@@ -148,27 +194,68 @@ def _settled_before(scope: MachineScope) -> bool:
     return condition is None or condition.get("status") == "True"
 
 
+def _reverted_this_generation(scope: MachineScope) -> bool:
+    """This generation's change failed and was reverted: not tried again (a retry would fail
+    and restart the guest again) until the spec changes. Read from the status: level-based,
+    also after a restart."""
+    condition = get_condition(scope.current, c.ConditionType.HARDWARE_UPDATED)
+    generation = scope.lm.metadata.generation
+    return bool(
+        condition is not None
+        and condition.get("reason") == c.Reason.HARDWARE_REVERTED
+        and generation is not None
+        and condition.get("observedGeneration") == generation
+    )
+
+
+@dataclass
+class _Undo:
+    """What a change defers or takes back: volumes it created (deleted after a revert) and
+    deletions of what it removed (made once the change is kept: a revert brings the removed
+    disk or NIC back, its volume and DHCP reservation must still be there)."""
+
+    created: list[str] = field(default_factory=list)
+    deferred: list[Callable[[], Awaitable[object]]] = field(default_factory=list)
+
+    async def finish(self) -> None:
+        for step in self.deferred:
+            await step()
+
+    async def take_back(self, scope: MachineScope) -> None:
+        on = scope.on
+        for name in self.created:
+            await on.target.host.delete_volume(pool=on.target.pool, name=name)
+
+
 async def _apply_with_snapshot(
-    scope: MachineScope, plan: DayTwoPlan, snapshots: Snapshots
+    scope: MachineScope, plan: DayTwoPlan, hardware: DomainResources, snapshots: Snapshots
 ) -> list[str]:
-    token = await snapshots.before(scope) if plan.changes else None
+    token = await snapshots.before(scope, plan, hardware) if plan.changes else None
+    undo = _Undo()
     try:
-        pending = await _apply(scope, plan)
-    except BaseException:
-        if token is not None:
-            await snapshots.revert(scope, token)
+        pending = await _apply(scope, plan, undo)
+    except Exception as exc:
+        if token is None:
+            await undo.finish()  # nothing brings the removed devices back
+            raise
+        log.warning("day-2 change failed, reverting to the snapshot", error=str(exc))
+        await snapshots.revert(scope, token)
+        await undo.take_back(scope)
+        if isinstance(exc, VirtError):
+            raise ChangeReverted(exc) from exc
         raise
     if token is not None:
         await snapshots.drop(scope, token)
+    await undo.finish()
     return pending
 
 
-async def _apply(scope: MachineScope, plan: DayTwoPlan) -> list[str]:
+async def _apply(scope: MachineScope, plan: DayTwoPlan, undo: _Undo) -> list[str]:
     """Make the changes in order; what waits for a power cycle, by field."""
     pending: list[str] = []
     done: list[str] = []
     for change in plan.changes:
-        waiting = await _one(scope, change)
+        waiting = await _one(scope, change, undo)
         if waiting:
             pending.append(waiting)
         else:
@@ -179,7 +266,7 @@ async def _apply(scope: MachineScope, plan: DayTwoPlan) -> list[str]:
     return pending
 
 
-async def _one(scope: MachineScope, change: Change) -> str | None:
+async def _one(scope: MachineScope, change: Change, undo: _Undo) -> str | None:
     """One change; a text when it waits for the next power cycle."""
     on = scope.on
     host, owner, uuid = on.target.host, on.ident.owner(), on.domain_uuid
@@ -188,12 +275,13 @@ async def _one(scope: MachineScope, change: Change) -> str | None:
             uuid, owner=owner, target=change.target, capacity_bytes=change.capacity_bytes
         )
     elif isinstance(change, AddDisk):
-        await _add_disk(scope, change)
+        await _add_disk(scope, change, undo)
     elif isinstance(change, RemoveDisk):
         await host.detach_disk(uuid, owner=owner, serial=change.serial)
         volume = change.path.rsplit("/", 1)[-1]
         if on.ident.names.owns_volume(volume):
-            await host.delete_volume(pool=on.target.pool, name=volume)
+            pool = on.target.pool
+            undo.deferred.append(lambda: host.delete_volume(pool=pool, name=volume))
     elif isinstance(change, AddNic):
         mac = await reserve_nic(scope.ctx, on.target, change.nic, on.ident)
         network = None if change.nic.bridge else change.nic.network
@@ -203,7 +291,8 @@ async def _one(scope: MachineScope, change: Change) -> str | None:
     elif isinstance(change, RemoveNic):
         await host.detach_nic(uuid, owner=owner, mac=change.mac)
         if change.network and change.network == on.target.network:
-            await host.remove_dhcp_host(network=change.network, mac=change.mac)
+            network, mac = change.network, change.mac
+            undo.deferred.append(lambda: host.remove_dhcp_host(network=network, mac=mac))
     elif isinstance(change, SetVcpus):
         applied = await host.set_vcpus(
             uuid, owner=owner, count=change.count, maximum=change.maximum
@@ -217,7 +306,7 @@ async def _one(scope: MachineScope, change: Change) -> str | None:
     return None
 
 
-async def _add_disk(scope: MachineScope, change: AddDisk) -> None:
+async def _add_disk(scope: MachineScope, change: AddDisk, undo: _Undo) -> None:
     """The volume, then the hot-plug; a failed hot-plug deletes the new volume again."""
     on = scope.on
     host, pool = on.target.host, on.target.pool
@@ -233,6 +322,8 @@ async def _add_disk(scope: MachineScope, change: AddDisk) -> None:
         if not existed:
             await host.delete_volume(pool=pool, name=name)
         raise
+    if not existed:
+        undo.created.append(name)
 
 
 def describe(change: Change) -> str:
@@ -271,6 +362,17 @@ def _report(scope: MachineScope, plan: DayTwoPlan, pending: list[str]) -> None:
         )
     else:
         _report_in_sync(scope, force=True)
+
+
+def _report_reverted(scope: MachineScope, cause: VirtError) -> None:
+    """HardwareUpdated False/HardwareReverted and a Warning event (libvirt's words only)."""
+    message = (
+        f"the change failed ({classify(cause).message}) and the domain was reverted to the"
+        " disk-only snapshot taken before it: its disks and definition are as they were and"
+        " it was restarted from its disks; not retried until the spec changes again"
+    )
+    scope.set(c.ConditionType.HARDWARE_UPDATED, False, c.Reason.HARDWARE_REVERTED, message)
+    scope.event("Warning", c.Reason.HARDWARE_REVERTED, message)
 
 
 def _report_in_sync(scope: MachineScope, *, force: bool = False) -> None:

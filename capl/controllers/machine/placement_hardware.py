@@ -1,7 +1,8 @@
 """Placement by hardware: only hosts that can give a new machine its CPU model, pinned
-CPUs, NUMA cells, hugepages and devices are candidates (`plan_hardware.refusal`, against
-`Host.hardware()`, asked concurrently). When none can, DomainProvisioned is False with
-`HardwareUnavailable` naming each host and why; retried with backoff (a device may be freed).
+CPUs, NUMA cells, hugepages, devices, emulated TPM and secure boot are candidates
+(`plan_hardware.refusal`, against `Host.hardware()`, asked concurrently). When none can,
+DomainProvisioned is False with `HardwareUnavailable` naming each host and why; retried with
+backoff (a device may be freed).
 Machines without such demands skip this (no extra libvirt call)."""
 
 from __future__ import annotations

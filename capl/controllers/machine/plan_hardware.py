@@ -3,7 +3,8 @@ host can give it (placement).
 
 `refusal` says why a host cannot take the machine, checked against what the host reports
 (``Host.hardware``): a named CPU model the host cannot provide (when the host lists its
-models), pinned host CPUs it does not have, more NUMA cells than it has, too few free
+models), pinned host CPUs it does not have, more NUMA cells than it has, an emulated TPM or
+UEFI secure boot its domain capabilities do not offer, too few free
 hugepages (per guest cell on host cell i, else over all cells), and PCI or mediated devices
 of which no free match is left — free meaning not given to a domain on the host nor wanted
 by a machine already placed there whose domain is not defined yet (`pending`). None: the
@@ -173,4 +174,24 @@ def refusal(
         problem = _cpu_refusal(hw.cpu, host)
         if problem:
             return problem
-    return _pages_refusal(hw, memory_mib, host) or _device_refusal(hw, host, pending)
+    return (
+        _security_refusal(hw, host)
+        or _pages_refusal(hw, memory_mib, host)
+        or _device_refusal(hw, host, pending)
+    )
+
+
+def _security_refusal(hw: DomainHardware, host: HostHardware) -> str | None:
+    """TPM and secure boot against the host's domain capabilities (a host that does not say,
+    None, is not refused: the definition would fail there with libvirt's reason)."""
+    if hw.tpm and host.tpm_emulator is False:
+        return (
+            "no emulated TPM 2.0 (tpm): the host's domain capabilities offer no TPM backend"
+            " 'emulator' version 2.0 with model tpm-crb (is swtpm installed?)"
+        )
+    if hw.secure_boot and host.secure_boot is False:
+        return (
+            "no UEFI secure boot (secureBoot): the host's domain capabilities for machine type"
+            " q35 offer no secure-boot firmware (an OVMF with the secure-boot feature)"
+        )
+    return None

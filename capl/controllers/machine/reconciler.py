@@ -4,7 +4,8 @@ Level-based: every reconcile reads the LibvirtMachine (through read-your-writes)
 Machine, Cluster and LibvirtCluster from the cache and the domain from its host, makes the
 world match, and reports status with at most one status patch (`scope.MachineScope.close`).
 The steps are done by the services of this package; this module only decides their order
-(see `LibvirtMachineReconciler._provision` and `_delete`) and what wakes a machine.
+(see `LibvirtMachineReconciler._provision`; the gates and the identity patch are in `gates`,
+deletion's steps in `delete.delete_steps`) and what wakes a machine.
 
 Gates (the InfraMachine contract, in order)
     owner Machine (a MachineSet-owned object waits until the Machine adopts it) -> pause
@@ -42,24 +43,17 @@ clusterctl.cluster.x-k8s.io/delete-for-move) only loses its finalizer (`delete`)
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import uuid as uuidlib
 from collections.abc import Iterable
 
 import structlog
 
 from capl.api import constants as c
-from capl.api.capi import Cluster, Machine
 from capl.api.defaults import default_libvirt_machine
 from capl.api.machine import LibvirtMachine
 from capl.controllers.common import (
     Deps,
     InvalidObject,
-    add_finalizer,
-    libvirt_cluster_of,
-    owner,
     parse,
-    paused,
 )
 from capl.controllers.machine import (
     cleanup,
@@ -67,6 +61,7 @@ from capl.controllers.machine import (
     day2,
     delete,
     domain,
+    gates,
     guest,
     ipam,
     network,
@@ -74,7 +69,6 @@ from capl.controllers.machine import (
     watches,
 )
 from capl.controllers.machine.bootstrap import BootstrapWatcher
-from capl.controllers.machine.cleanup import DELETE_FOR_MOVE_ANNOTATION
 from capl.controllers.machine.indexes import (
     INDEX_BOOTSTRAP_SECRET,
     INDEX_DOMAIN_UUID,
@@ -89,21 +83,16 @@ from capl.controllers.machine.indexes import (
 )
 from capl.controllers.machine.memory import Memory
 from capl.controllers.machine.options import LOGGER, MachineOptions
-from capl.controllers.machine.plan import Failure, classify, fault_point
+from capl.controllers.machine.plan import fault_point
 from capl.controllers.machine.plan_orphans import OrphanTracker
-from capl.controllers.machine.plan_placement import PLACEMENT_ANNOTATION
 from capl.controllers.machine.scope import (
     DONE,
     Context,
     MachineScope,
-    Placed,
     Problem,
     condition_true,
 )
-from capl.controllers.machine.target import Identity, Target
-from capl.ports.errors import VirtError
 from capl.ports.virt import DomainEvent, DomainEventKind, HostEvent, HostId, VirtEvent
-from capl.runtime.conditions import get_condition
 from capl.runtime.controller import Controller, Result, Watch
 from capl.runtime.errors import ApiError, TransportError
 from capl.runtime.errors import NotFound as ApiNotFound
@@ -114,7 +103,7 @@ from capl.runtime.informer import Cache
 from capl.runtime.manager import Manager
 from capl.runtime.objects import Obj, ObjectKey, meta
 from capl.runtime.patch import Patcher
-from capl.runtime.resources import CLUSTER, LIBVIRT_MACHINE, MACHINE
+from capl.runtime.resources import LIBVIRT_MACHINE, MACHINE
 
 __all__ = ["CONTROLLER_NAME", "LibvirtMachineReconciler", "setup"]
 
@@ -260,7 +249,7 @@ class LibvirtMachineReconciler:
         patcher = Patcher(self.ctx.client, obj, writes=memory.writes)
         scope = MachineScope(ctx=self.ctx, key=key, patcher=patcher, lm=lm, record=record)
         if lm.metadata.deletion_timestamp is not None:
-            return await self._delete(scope)
+            return await delete.delete_steps(scope)
         try:
             result = await self._provision(scope)
         except ApiNotFound:
@@ -308,14 +297,14 @@ class LibvirtMachineReconciler:
                                 BootstrapTimedOut
         and the one status write (`scope.close`): Ready summarizes 8, 5 and 10.
         """
-        if not self._owner_machine(scope):  # 1
+        if not gates.owner_machine(scope):  # 1
             return DONE
-        if not self._unpaused(scope):  # 3, before any other write: only Paused changes
+        if not gates.unpaused(scope):  # 3, before any other write: only Paused changes
             return await scope.close_paused()
-        if not (self._cluster(scope) and self._infrastructure(scope)):
+        if not (gates.cluster_known(scope) and gates.infrastructure_ready(scope)):
             return await scope.close(DONE)  # 2, 4
-        if not _not_migrating(scope):
-            return await scope.close(DONE)  # a live migration moves the domain
+        if not gates.not_migrating(scope):
+            return await scope.close(DONE)  # 4b: a live migration moves the domain
         claimed = await ipam.claim_addresses(scope)  # 4c
         if isinstance(claimed, Result):
             return await scope.close(claimed)
@@ -330,7 +319,7 @@ class LibvirtMachineReconciler:
         unusable = ipam.place_addresses(scope, target, claimed)  # 6b
         if unusable is not None:
             return await scope.close(unusable)
-        await self._identity(scope, target)  # 7
+        await gates.identity(scope, target)  # 7
         outcome = await domain.ensure_domain(scope)  # 8
         if isinstance(outcome, Result):
             return await scope.close(outcome)
@@ -352,183 +341,6 @@ class LibvirtMachineReconciler:
             fault_point("status-written")
         return result
 
-    def _owner_machine(self, scope: MachineScope) -> bool:
-        """Gate 1: the owner Machine, from the cache."""
-        ref = owner(scope.lm.metadata, kind="Machine")
-        if ref is None:
-            log.debug("waiting for the owner Machine")
-            return False
-        machine_raw = self.cache.get(MACHINE, ObjectKey(scope.namespace, ref.name))
-        if machine_raw is None:
-            log.debug("owner Machine not in the cache yet", machine=ref.name)
-            return False
-        scope.machine = parse(Machine, machine_raw)
-        name = scope.lm.metadata.label(c.CLUSTER_NAME_LABEL) or scope.machine.spec.cluster_name
-        scope.cluster_name = name
-        cluster_raw = self.cache.get(CLUSTER, ObjectKey(scope.namespace, name)) if name else None
-        scope.cluster = None if cluster_raw is None else parse(Cluster, cluster_raw)
-        return True
-
-    def _cluster(self, scope: MachineScope) -> bool:
-        """Gate 2 (after pause): the finalizer, and the Cluster (read by gate 1)."""
-        lm = scope.lm
-        add_finalizer(scope.desired, c.MACHINE_FINALIZER)
-        name = scope.cluster_name
-        if scope.cluster is None:
-            provisioned = _provisioned(lm)
-            scope.set(
-                c.ConditionType.DOMAIN_PROVISIONED,
-                provisioned,
-                c.Reason.RUNNING if provisioned else c.Reason.WAITING_FOR_CLUSTER,
-                "" if provisioned else f"Cluster {scope.namespace}/{name} not found",
-            )
-            return False
-        return True
-
-    def _unpaused(self, scope: MachineScope) -> bool:
-        """Gate 3: pause (the Cluster's spec.paused or the paused annotation), before any
-        other write (finalizer, identity, defaults): paused, only the Paused condition."""
-        if paused(scope.cluster, scope.lm.metadata):
-            scope.set(c.ConditionType.PAUSED, True, c.Reason.PAUSED)
-            return False
-        scope.set(c.ConditionType.PAUSED, False, c.Reason.NOT_PAUSED)
-        return True
-
-    def _infrastructure(self, scope: MachineScope) -> bool:
-        """Gate 4: the Cluster's infrastructure provisioned (only before the identity is
-        recorded) and its LibvirtCluster cached."""
-        assert scope.cluster is not None
-        scope.lcluster = libvirt_cluster_of(self.cache, scope.cluster)
-        if not scope.lm.spec.domain_uuid and not scope.cluster.infrastructure_provisioned:
-            message = "the Cluster's infrastructure is not provisioned yet"
-        elif scope.lcluster is None:
-            message = (
-                f"the LibvirtCluster of Cluster {scope.namespace}/{scope.cluster_name} "
-                "is not in the cache"
-            )
-        else:
-            return True
-        scope.set(
-            c.ConditionType.DOMAIN_PROVISIONED,
-            False,
-            c.Reason.WAITING_FOR_CLUSTER_INFRASTRUCTURE,
-            message,
-        )
-        return False
-
-    async def _identity(self, scope: MachineScope, target: Target) -> None:
-        """Step 7: hostName, domainUUID, providerID and the placement record, written before
-        anything is created (one spec patch with the finalizer)."""
-        lm, machine = scope.lm, scope.machine
-        assert machine is not None
-        domain_uuid = lm.spec.domain_uuid or _uuid_from_provider_id(lm.spec.provider_id)
-        fresh = domain_uuid is None
-        if domain_uuid is None:
-            domain_uuid = str(uuidlib.uuid4())
-        spec = scope.desired.setdefault("spec", {})
-        spec.setdefault("hostName", target.name)
-        spec["domainUUID"] = domain_uuid
-        spec["providerID"] = c.PROVIDER_ID_PREFIX + domain_uuid
-        annotations = scope.desired.setdefault("metadata", {}).setdefault("annotations", {})
-        annotations[PLACEMENT_ANNOTATION] = target.placement(scope.cluster_name).encode()
-        ident = Identity.of(
-            namespace=scope.namespace,
-            name=lm.metadata.name or "",
-            uid=lm.metadata.uid or "",
-            cluster=scope.cluster_name,
-        )
-        scope.placed = Placed(
-            machine=machine,
-            target=target,
-            ident=ident,
-            domain_uuid=domain_uuid,
-            provisioned=_provisioned(lm),
-            fresh=fresh,
-        )
-        if fresh or scope.main_changed():
-            await scope.write_main()
-            fault_point("identity-recorded")
-
-    # -- deletion: the steps -----------------------------------------------------------------
-
-    async def _delete(self, scope: MachineScope) -> Result:
-        """The steps of a machine being deleted: finalizer (none: forget it) -> moved away
-        (delete-for-move: forgotten, nothing of it is ever removed) -> pause (only the Paused
-        condition; clusterctl move drops the finalizers itself) -> moved away and not paused
-        (drop the finalizer only) ->
-        Ready False/Deleting
-        -> nothing ever created (drop the finalizer) -> locate the host (none: HostNotFound
-        event, drop the finalizer) -> domain, volumes, network entries (`delete`; the
-        failure's reason in DomainProvisioned, Ready's message) -> drop the finalizer."""
-        md = scope.lm.metadata
-        if not md.has_finalizer(c.MACHINE_FINALIZER):
-            self.memory.forget(scope.key)
-            return DONE
-        moving = md.has_annotation(DELETE_FOR_MOVE_ANNOTATION)
-        if moving:
-            # clusterctl move deletes the source objects: the domain now belongs to the
-            # target management cluster and must not be touched, also once this object is
-            # gone (nothing made for it is a leftover to remove)
-            self.memory.forget(scope.key)
-        cluster_raw = self.cache.get(
-            CLUSTER, ObjectKey(scope.namespace, md.label(c.CLUSTER_NAME_LABEL) or "")
-        )
-        cluster = None
-        if cluster_raw is not None:
-            with contextlib.suppress(InvalidObject):
-                cluster = parse(Cluster, cluster_raw)
-        if paused(cluster, md):
-            # clusterctl move pauses the Cluster and removes the finalizers itself
-            scope.set(c.ConditionType.PAUSED, True, c.Reason.PAUSED)
-            with contextlib.suppress(ApiNotFound):
-                return await scope.close_paused()
-            return DONE
-        if moving:
-            return await scope.release()  # unpaused: the finalizer only
-        scope.set(c.ConditionType.READY, False, c.Reason.DELETING, "deleting the domain")
-        if scope.lm.spec.migration_target:
-            # the migration controller aborts the job when the machine is deleted and then
-            # clears migrationTarget: only then is it known which host holds the domain
-            scope.set(
-                c.ConditionType.READY,
-                False,
-                c.Reason.WAITING_FOR_MIGRATION,
-                f"waiting for the live migration to {scope.lm.spec.migration_target} to be"
-                " aborted before deleting the domain",
-            )
-            return await scope.close_deleting(DONE)
-        if scope.lm.spec.domain_uuid is None and not scope.status.get("host"):
-            await ipam.release(scope)
-            return await scope.release()  # nothing was ever created
-        located = placement.locate(self.ctx, scope.lm, scope.namespace)
-        if located is None:
-            message = (
-                "cannot tell which host the domain is on (no LibvirtCluster and no placement "
-                f"record); libvirt resources of {scope.namespace}/{md.name} are left in place"
-            )
-            log.warning(message)
-            scope.event("Warning", c.Reason.HOST_NOT_FOUND, message)
-            return await scope.release()
-        target, cluster_name = located
-        ident = Identity.of(
-            namespace=scope.namespace, name=md.name or "", uid=md.uid or "", cluster=cluster_name
-        )
-        try:
-            waiting = await delete.remove_machine(scope, target, ident)
-        except Problem as problem:
-            return await self._delete_failed(scope, problem.failure)
-        except VirtError as exc:
-            return await self._delete_failed(scope, classify(exc))
-        if waiting is not None:
-            return await scope.close_deleting(waiting)
-        await ipam.release(scope)  # the domain is gone: the addresses go back to the pools
-        return await scope.release()
-
-    async def _delete_failed(self, scope: MachineScope, failure: Failure) -> Result:
-        result = scope.fail(failure)
-        scope.set(c.ConditionType.READY, False, c.Reason.DELETING, failure.message)
-        return await scope.close_deleting(result)
-
 
 # -- helpers ----------------------------------------------------------------------------------
 
@@ -546,34 +358,6 @@ def _earlier(result: Result, retry: Result | None) -> Result:
     if result.requeue_after is None or retry_in < result.requeue_after:
         return retry
     return result
-
-
-def _not_migrating(scope: MachineScope) -> bool:
-    """Gate 4b: while spec.migrationTarget is set the migration controller owns the domain's
-    whereabouts: nothing here may create, start or look for it (it may be on either host for
-    a moment). The Migrating condition says so; when the target is cleared it turns False."""
-    target = scope.lm.spec.migration_target
-    if target:
-        scope.set(
-            c.ConditionType.MIGRATING,
-            True,
-            c.Reason.MIGRATION_RUNNING,
-            f"live migration from {scope.lm.spec.host_name} to {target}",
-        )
-        return False
-    if get_condition(scope.current, c.ConditionType.MIGRATING) is not None:
-        scope.set(c.ConditionType.MIGRATING, False, c.Reason.NOT_MIGRATING)
-    return True
-
-
-def _provisioned(lm: LibvirtMachine) -> bool:
-    return bool(lm.status.initialization and lm.status.initialization.provisioned)
-
-
-def _uuid_from_provider_id(provider_id: str | None) -> str | None:
-    if provider_id and provider_id.startswith(c.PROVIDER_ID_PREFIX):
-        return provider_id[len(c.PROVIDER_ID_PREFIX) :].lower() or None
-    return None
 
 
 # -- wiring -----------------------------------------------------------------------------------

@@ -103,6 +103,8 @@ class DomainHardware:
             self.pci
             or self.mdevs
             or self.hugepage_kib
+            or self.tpm
+            or self.secure_boot
             or (cpu is not None and (cpu.model or cpu.pins or cpu.numa))
         )
 
@@ -143,6 +145,14 @@ class HostHardware:
     used_mdevs: frozenset[str] = frozenset()
     domain_uuids: frozenset[str] = frozenset()
     """UUIDs (lower case) of the domains defined on the host."""
+    tpm_emulator: bool | None = None
+    """An emulated TPM 2.0 can be given (domain capabilities: TPM model ``tpm-crb``, backend
+    ``emulator``, version 2.0, i.e. libvirt found swtpm); None: the host does not say (a
+    driver without domain capabilities: not checked)."""
+    secure_boot: bool | None = None
+    """UEFI secure boot can be given on the ``q35`` machine type capl uses for it (domain
+    capabilities: firmware ``efi`` with a loader that can be ``secure``, i.e. an OVMF with
+    the secure-boot feature in its firmware descriptor); None: the host does not say."""
 
     @property
     def cpu_ids(self) -> frozenset[int]:
@@ -152,5 +162,6 @@ class HostHardware:
 class HostHardwarePart(Protocol):
     async def hardware(self) -> HostHardware:
         """NUMA cells and free hugepages, usable CPU models, PCI and mediated devices and
-        which of them domains on the host use."""
+        which of them domains on the host use, whether it offers an emulated TPM 2.0 and
+        UEFI secure boot."""
         ...

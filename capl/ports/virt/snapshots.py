@@ -27,7 +27,7 @@ import contextlib
 import datetime
 import enum
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from capl.ports.virt.hosts import Host
 
 __all__ = [
+    "DAY2_SNAPSHOT",
     "SnapshotInfo",
     "SnapshotKind",
     "SnapshotNotFound",
@@ -48,6 +49,10 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+DAY2_SNAPSHOT = "capl-day2"
+"""The snapshot the manager takes before a day-2 change and merges or reverts after it
+(`capl.controllers.machine.day2_snapshot`): reserved, an operator's would be merged away."""
 
 
 class SnapshotNotFound(NotFound):
@@ -93,11 +98,24 @@ class Snapshots(Protocol):
     def host_id(self) -> HostId: ...
 
     async def create_snapshot(
-        self, uuid: str, name: str, *, memory: bool = False, description: str = ""
+        self,
+        uuid: str,
+        name: str,
+        *,
+        memory: bool = False,
+        description: str = "",
+        exclude: Collection[str] = (),
     ) -> SnapshotInfo:
-        """Take an external snapshot of every file-backed writable disk (with RAM when
-        ``memory`` and the domain runs). Raises DomainNotFound, InvalidSpec (bad name),
-        AlreadyExists, OperationInvalid (e.g. a memory snapshot of a stopped domain)."""
+        """Take an external snapshot of every file-backed writable disk but the targets in
+        ``exclude`` (with RAM when ``memory`` and the domain runs). Raises DomainNotFound,
+        InvalidSpec (bad name), AlreadyExists, OperationInvalid (e.g. a memory snapshot of a
+        stopped domain)."""
+        ...
+
+    async def persistent_definition(self, uuid: str) -> str:
+        """The domain's persistent definition as it is now, for ``revert_snapshot``'s
+        ``definition`` (it may hold secrets, e.g. a VNC password: keep it in memory, never
+        log it). Raises DomainNotFound."""
         ...
 
     async def list_snapshots(self, uuid: str) -> list[SnapshotInfo]:
@@ -105,11 +123,14 @@ class Snapshots(Protocol):
         ...
 
     async def revert_snapshot(
-        self, uuid: str, name: str, *, start: bool | None = None
+        self, uuid: str, name: str, *, start: bool | None = None, definition: str | None = None
     ) -> SnapshotInfo:
         """Bring the domain back to ``name``: what was written after it is discarded.
         ``start`` None: a memory snapshot resumes the guest as it was, after a disk-only one
         the domain is started when it ran before the revert; True/False force it.
+        ``definition`` (from ``persistent_definition`` when the snapshot was taken): the
+        persistent definition to put back, so that devices, vCPUs and memory changed after
+        the snapshot are undone too (its disks are pointed at the snapshot's overlays).
         Raises DomainNotFound, SnapshotNotFound, OperationInvalid."""
         ...
 

@@ -15,6 +15,7 @@ from tests.unit.cli.test_commands import run
         (["vnc", "m", "--port", "70000"], "--port 70000 is not a port number"),
         (["snapshot", "create", "m", "../etc"], "snapshot name '../etc' is invalid"),
         (["snapshot", "revert", "m", "a b"], "snapshot name 'a b' is invalid"),
+        (["snapshot", "create", "m", "capl-day2"], "'capl-day2' is reserved for the manager's"),
         (["snapshot", "revert", "m", "s", "--start", "--no-start"], "not allowed with"),
         (["snapshot"], "the following arguments are required: ACTION"),
     ],

@@ -191,3 +191,6 @@ async def test_update_machine_follows_the_machine_controller(client: Any) -> Non
     refused = _hardware("False", c.Reason.NOT_IN_PLACE, "networkInterfaces[0] changed")
     machines.objects["ns", "m"] = _machine(grown, 2, 2, refused)
     assert (await answer())["status"] == "Failure"
+    reverted = _hardware("False", c.Reason.HARDWARE_REVERTED, "the change failed (...)")
+    machines.objects["ns", "m"] = _machine(grown, 2, 2, reverted)
+    assert (await answer())["status"] == "Failure"
