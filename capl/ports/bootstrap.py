@@ -6,13 +6,20 @@
 - cloud-config (the default) is delivered as a NoCloud seed: an ISO 9660 image labelled
   ``cidata`` with ``user-data``, ``meta-data`` and optionally ``network-config``, built here
   with pycdlib (hosts need no mkisofs). Joliet and Rock Ridge names carry the lower-case
-  file names cloud-init looks for.
+  file names cloud-init looks for. Where pycdlib puts each file depends only on the
+  files' sizes, not on their bytes: the image is laid out once per size triple (the zero-filled
+  layout is kept, a few at most) and each seed is that layout with its files' bytes written at
+  the places pycdlib gave them — the same image pycdlib would write, but for the timestamps,
+  which are those of the layout's making (cloud-init reads none of them). Laying out an image
+  costs about 1.5 ms of CPU, the copy a few microseconds (issue 16: the manager's own CPU per
+  machine).
 
 The data is secret: error messages name the problem and the position, never the content.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
@@ -71,8 +78,17 @@ def validate_ignition(data: bytes) -> dict[str, Any]:
     return parsed
 
 
+_PLAIN_ASCII = re.compile(r"[ -~]*")
+
+
 def nocloud_meta_data(*, instance_id: str, hostname: str) -> bytes:
-    """The NoCloud ``meta-data`` document (YAML)."""
+    """The NoCloud ``meta-data`` document (YAML). Printable ASCII values (UIDs and host
+    names, i.e. always in practice) as double-quoted scalars, whose JSON escapes YAML reads
+    alike, without the YAML emitter's cost; anything else through the emitter."""
+    if _PLAIN_ASCII.fullmatch(instance_id) and _PLAIN_ASCII.fullmatch(hostname):
+        return (
+            f"instance-id: {json.dumps(instance_id)}\nlocal-hostname: {json.dumps(hostname)}\n"
+        ).encode()
     doc = {"instance-id": instance_id, "local-hostname": hostname}
     return yaml.safe_dump(doc, default_flow_style=False, sort_keys=True).encode()
 
@@ -85,25 +101,50 @@ def build_nocloud_iso(
     network_config: bytes | None = None,
 ) -> bytes:
     """A NoCloud seed ISO (label ``cidata``) as bytes."""
-    files: list[tuple[str, str, bytes]] = [
-        ("USERDATA.;1", "user-data", user_data),
-        ("METADATA.;1", "meta-data", nocloud_meta_data(instance_id=instance_id, hostname=hostname)),
-    ]
+    contents = [user_data, nocloud_meta_data(instance_id=instance_id, hostname=hostname)]
     if network_config is not None:
-        files.append(("NETWORKC.;1", "network-config", network_config))
+        contents.append(network_config)
+    layout, offsets = _layout(tuple(len(content) for content in contents))
+    image = bytearray(layout)
+    for offset, content in zip(offsets, contents, strict=True):
+        image[offset : offset + len(content)] = content
+    return bytes(image)
+
+
+_FILES = (
+    ("USERDATA.;1", "user-data"),
+    ("METADATA.;1", "meta-data"),
+    ("NETWORKC.;1", "network-config"),
+)
+"""(ISO 9660 name, Rock Ridge and Joliet name) of each file, in the order of their sizes."""
+
+
+@functools.lru_cache(maxsize=8)
+def _layout(sizes: tuple[int, ...]) -> tuple[bytes, tuple[int, ...]]:
+    """The seed image with zero-filled files of these sizes (user-data, meta-data and, when
+    given, network-config), and the byte offset of each file in it (see the module
+    docstring)."""
     iso = pycdlib.PyCdlib()
     iso.new(interchange_level=3, vol_ident=NOCLOUD_LABEL, joliet=3, rock_ridge="1.09")
     try:
-        for iso_name, long_name, content in files:
+        for (iso_name, long_name), size in zip(_FILES, sizes, strict=False):
             iso.add_fp(
-                io.BytesIO(content),
-                len(content),
+                io.BytesIO(bytes(size)),
+                size,
                 f"/{iso_name}",
                 rr_name=long_name,
                 joliet_path=f"/{long_name}",
             )
         out = io.BytesIO()
         iso.write_fp(out)
+        block = iso.pvd.log_block_size
+        offsets = tuple(
+            iso.get_record(iso_path=f"/{iso_name}").extent_location() * block
+            for iso_name, _ in _FILES[: len(sizes)]
+        )
     finally:
         iso.close()
-    return out.getvalue()
+    image = out.getvalue()
+    if any(offset + size > len(image) for offset, size in zip(offsets, sizes, strict=True)):
+        raise AssertionError("pycdlib placed a file beyond the image's end")  # pragma: no cover
+    return image, offsets

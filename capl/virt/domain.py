@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import libvirt
@@ -36,6 +36,7 @@ from capl.virt.xmlutil import parse
 
 __all__ = [
     "define",
+    "define_and_start",
     "destroy",
     "domain_addresses",
     "get",
@@ -153,7 +154,10 @@ def define(c: Any, host_id: HostId, spec: DomainSpec, *, absent: bool = False) -
             f"domain name {spec.name!r} is held by this machine's domain {holder.UUIDString()}, "
             f"not by {spec.uuid}: the recorded domain UUID is stale"
         )
-    domain = c.defineXML(xml)
+    return _defined(c.defineXML(xml), host_id, spec)
+
+
+def _defined(domain: Any, host_id: HostId, spec: DomainSpec) -> DomainInfo:
     domain.setAutostart(1)
     return DomainInfo(  # known without asking: saves three calls per machine
         host_id=host_id,
@@ -165,6 +169,35 @@ def define(c: Any, host_id: HostId, spec: DomainSpec, *, absent: bool = False) -
         autostart=True,
         owner=spec.owner,
     )
+
+
+def define_and_start(
+    c: Any,
+    host_id: HostId,
+    spec: DomainSpec,
+    *,
+    absent: bool,
+    on_defined: Callable[[], None] | None = None,
+) -> tuple[DomainInfo, list[InterfaceAddress]]:
+    """``define`` with ``absent``, then ``start`` of what it defined, then its addresses, on
+    the same handle (see ``Host.create_domain``): the domain just defined is started and
+    asked for its addresses through the object defineXML returned, without a look-up by UUID
+    in between. ``on_defined`` runs between the definition and the start."""
+    if not absent:
+        info = define(c, host_id, spec)
+        if on_defined is not None:
+            on_defined()
+        info = start(c, host_id, spec.uuid, spec.owner, defined=info)
+        running = info.state is DomainState.RUNNING
+        return info, (domain_addresses(c, spec.uuid) if running else [])
+    xml = build_domain_xml(spec)  # validates the spec before any call
+    domain = c.defineXML(xml)
+    info = _defined(domain, host_id, spec)
+    if on_defined is not None:
+        on_defined()
+    info = _start_object(domain, host_id, spec.owner, info)
+    running = info.state is DomainState.RUNNING
+    return info, (_addresses(domain, spec.uuid) if running else [])
 
 
 def _require(c: Any, uuid: str, owner: DomainOwner) -> Any:
@@ -207,6 +240,12 @@ def _start_defined(
     domain = _by_uuid(c, uuid)
     if domain is None:
         raise DomainNotFound(f"domain {uuid} does not exist")
+    return _start_object(domain, host_id, owner, defined)
+
+
+def _start_object(
+    domain: Any, host_id: HostId, owner: DomainOwner, defined: DomainInfo
+) -> DomainInfo:
     try:
         domain.create()
     except libvirt.libvirtError:
@@ -335,6 +374,10 @@ def domain_addresses(c: Any, uuid: str) -> list[InterfaceAddress]:
     domain = _by_uuid(c, uuid)
     if domain is None:
         raise DomainNotFound(f"domain {uuid} does not exist")
+    return _addresses(domain, uuid)
+
+
+def _addresses(domain: Any, uuid: str) -> list[InterfaceAddress]:
     found: dict[tuple[AddressSource, str, str], InterfaceAddress] = {}
     for source, flag in _SOURCES:
         try:

@@ -449,6 +449,30 @@ class LibvirtHost(Day2Operations):
 
         return await self._serial("devices", "host", f"define domain {spec.name}", op)
 
+    async def create_domain(
+        self,
+        spec: DomainSpec,
+        *,
+        absent: bool = False,
+        on_defined: Callable[[], None] | None = None,
+    ) -> tuple[DomainInfo, list[InterfaceAddress]]:
+        if not spec.hardware.pci and not spec.hardware.mdevs:
+            return await self._conn.run(
+                f"define and start domain {spec.name}",
+                lambda c: domains.define_and_start(
+                    c, self.host_id, spec, absent=absent, on_defined=on_defined
+                ),
+            )
+
+        def op(c: Any) -> tuple[DomainInfo, list[InterfaceAddress]]:
+            # as define_domain: devices chosen and the domain defined in one serial section
+            resolved = hardware.resolve(hardware.read(c, skip_uuid=spec.uuid), spec)
+            return domains.define_and_start(
+                c, self.host_id, resolved, absent=absent, on_defined=on_defined
+            )
+
+        return await self._serial("devices", "host", f"define and start domain {spec.name}", op)
+
     async def hardware(self) -> HostHardware:
         return await self._conn.run("read the host's hardware", lambda c: hardware.read(c))
 

@@ -26,7 +26,7 @@ import pytest
 
 from capl.controllers import machine as libvirtmachine
 from capl.controllers.machine import LibvirtMachineReconciler
-from capl.ports.virt import CAPL_XML_NAMESPACE, DomainInfo, DomainOwner, Host, Hosts
+from capl.ports.virt import CAPL_XML_NAMESPACE, DomainInfo, DomainOwner, DomainSpec, Host, Hosts
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import LIBVIRT_CLUSTER, LIBVIRT_MACHINE, MACHINE, SECRET
 from capl.testing.harness import TEST_DRIVER, ClusterObjects, ControllerHarness
@@ -51,7 +51,8 @@ OnStart = Callable[[DomainOwner], Awaitable[None]]
 
 
 class _HookedHost:
-    """A Host that calls `on_start` after a domain was started (everything else delegated)."""
+    """A Host that calls `on_start` after a domain was started, by start_domain or
+    create_domain (everything else delegated)."""
 
     def __init__(self, inner: Host, on_start: OnStart) -> None:
         self._inner = inner
@@ -66,6 +67,13 @@ class _HookedHost:
         info = await self._inner.start_domain(uuid, owner=owner, defined=defined)
         await self._on_start(owner)
         return info
+
+    async def create_domain(
+        self, spec: DomainSpec, *, absent: bool = False, on_defined: Any = None
+    ) -> tuple[DomainInfo, list[Any]]:
+        created = await self._inner.create_domain(spec, absent=absent, on_defined=on_defined)
+        await self._on_start(spec.owner)
+        return created
 
 
 class _HookedHosts:

@@ -123,6 +123,52 @@ async def test_a_domain_just_defined_is_defined_and_started_without_reading_it_a
         await host.define_domain(_spec(owner, uuid=str(uuid.uuid4())), absent=True)
 
 
+async def test_create_domain_defines_and_starts_in_one_operation(
+    hosts: LibvirtHosts, host: LibvirtHost
+) -> None:
+    """Host.create_domain, the create path: defineXML, setAutostart, create and the two
+    address queries (lease, agent), all through the object define returned, no look-up by
+    UUID; `on_defined` runs between the definition and the start; the answer is what fresh
+    reads say. Not absent (the domain may exist): define's checks and a start of what is
+    there."""
+    owner = _owner()
+    spec = _spec(owner)
+    assert await host.get_domain(spec.uuid) is None  # (connects)
+    seen: list[DomainState | None] = []
+
+    def between() -> None:  # on the worker thread: read through a connection of its own
+        conn = libvirt.open(URI)
+        try:
+            code, _ = conn.lookupByUUIDString(spec.uuid).state()
+            seen.append(DomainState.SHUTOFF if code == libvirt.VIR_DOMAIN_SHUTOFF else None)
+        finally:
+            conn.close()
+
+    before = hosts.calls.snapshot()[host.host_id]
+    running, observed = await host.create_domain(spec, absent=True, on_defined=between)
+    after = hosts.calls.snapshot()[host.host_id]
+    assert {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)} == {
+        "virConnect.defineXML": 1,
+        "virDomain.setAutostart": 1,
+        "virDomain.create": 1,
+        "virDomain.interfaceAddresses": 2,
+    }
+    assert seen == [DomainState.SHUTOFF]
+    assert observed == await host.domain_addresses(spec.uuid)
+    assert running.state is DomainState.RUNNING
+    assert await host.get_domain(spec.uuid) == running
+    # not absent: an existing domain of ours is taken as it is (running: no start)
+    assert await host.create_domain(spec) == (running, observed)
+    # a foreign domain under the name is refused before anything changes
+    foreign = _spec(_owner(), name=spec.name, uuid=str(uuid.uuid4()))
+    with pytest.raises(ForeignDomainError):
+        await host.create_domain(foreign)
+    # absent, and yet the name exists under another UUID: libvirt's define refuses
+    with pytest.raises(AlreadyExists):
+        await host.create_domain(_spec(owner, uuid=str(uuid.uuid4())), absent=True)
+    assert await host.get_domain(spec.uuid) == running
+
+
 async def test_undefine_a_running_domain_destroys_it_first(host: LibvirtHost) -> None:
     owner = _owner()
     spec = _spec(owner)

@@ -47,7 +47,7 @@ from capl.controllers.machine.target import Identity, Target
 from capl.ports.bootstrap import build_nocloud_iso
 from capl.ports.errors import ForeignDomainError, PoolNotFound, VirtError
 from capl.ports.naming import MachineNames
-from capl.ports.virt import DomainInfo, DomainOwner, Host
+from capl.ports.virt import DomainInfo, DomainOwner, Host, InterfaceAddress
 from capl.runtime.conditions import get_condition
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import SECRET
@@ -85,9 +85,12 @@ def bootstrap_data(scope: MachineScope) -> BootstrapData | None:
         return None
 
 
-async def create(scope: MachineScope, bootstrap: BootstrapData) -> DomainInfo:
+async def create(
+    scope: MachineScope, bootstrap: BootstrapData
+) -> tuple[DomainInfo, list[InterfaceAddress]]:
     """Create everything of a machine whose domain does not exist; roll back on a
-    failure retrying will not fix soon. Each step is idempotent."""
+    failure retrying will not fix soon. Each step is idempotent. The running domain and the
+    addresses the host reports for it right after its start (`Host.create_domain`)."""
     on = scope.on
     try:
         return await _create_steps(scope, bootstrap)
@@ -96,7 +99,9 @@ async def create(scope: MachineScope, bootstrap: BootstrapData) -> DomainInfo:
         raise
 
 
-async def _create_steps(scope: MachineScope, bootstrap: BootstrapData) -> DomainInfo:
+async def _create_steps(
+    scope: MachineScope, bootstrap: BootstrapData
+) -> tuple[DomainInfo, list[InterfaceAddress]]:
     on, spec = scope.on, scope.lm.spec
     target, ident, domain_uuid = on.target, on.ident, on.domain_uuid
     host, names = target.host, ident.names
@@ -137,12 +142,24 @@ async def _create_steps(scope: MachineScope, bootstrap: BootstrapData) -> Domain
         nics=nics,
         console_log=posixpath.join(posixpath.dirname(root_path), names.console_log),
     )
-    # neither the UUID (ensure_domain, or fresh) nor the name (above) exists: no look-up again
-    defined = await host.define_domain(domain_spec, absent=holder is None)
-    fault_point("domain-defined")
-    started = await start_domain(scope.ctx, host, domain_uuid, ident.owner(), defined=defined)
+    # neither the UUID (ensure_domain, or fresh) nor the name (above) exists: no look-up
+    # again; defined and started in one operation (its STARTED event is our own echo)
+    starts = scope.ctx.memory.own_starts
+    starts.add(domain_uuid, now=scope.ctx.deps.clock.now())
+    try:
+        started = await host.create_domain(
+            domain_spec, absent=holder is None, on_defined=_domain_defined
+        )
+    except BaseException:
+        starts.discard(domain_uuid)
+        raise
     fault_point("domain-started")
     return started
+
+
+def _domain_defined() -> None:
+    """Between the definition and the start (on the libvirt worker thread)."""
+    fault_point("domain-defined")
 
 
 async def _create_storage(

@@ -87,10 +87,9 @@ async def _ensure(scope: MachineScope) -> DomainOutcome | Result:
         created = await _create(scope)
         if isinstance(created, Result):
             return created
-        info, repaired = (
-            created,
-            (c.Reason.DOMAIN_RECREATED if on.provisioned else c.Reason.RUNNING),
-        )
+        info, observed = created  # the addresses read with the start, in the same operation
+        repaired = c.Reason.DOMAIN_RECREATED if on.provisioned else c.Reason.RUNNING
+        return DomainOutcome(info=info, repaired=repaired, observed=observed)
     elif info.state is DomainState.SHUTDOWN:
         # the guest is shutting down: start it again once it is off (event)
         set_domain_state(scope, info)
@@ -109,13 +108,13 @@ async def _ensure(scope: MachineScope) -> DomainOutcome | Result:
     return DomainOutcome(info=info, repaired=repaired, observed=observed)
 
 
-async def _create(scope: MachineScope) -> DomainInfo | Result:
+async def _create(scope: MachineScope) -> tuple[DomainInfo, list[InterfaceAddress]] | Result:
     """Create the missing domain (a first creation, or a recreation) and say so."""
     on = scope.on
     bootstrap = scope.bootstrap or bootstrap_data(scope)
     if bootstrap is None:
         return Result()
-    info = await create(scope, bootstrap)
+    info, observed = await create(scope, bootstrap)
     fmt = "Ignition" if bootstrap.format is c.BootstrapFormat.IGNITION else "NoCloud"
     scope.set(
         c.ConditionType.BOOTSTRAP_DATA_DELIVERED,
@@ -135,7 +134,7 @@ async def _create(scope: MachineScope) -> DomainInfo | Result:
             "DomainCreated",
             f"domain {info.name} ({on.domain_uuid}) started on host {on.target.name}",
         )
-    return info
+    return info, observed
 
 
 async def _restart(scope: MachineScope, before: DomainInfo) -> DomainInfo:

@@ -51,6 +51,7 @@ from capl.controllers.common import (
     layout,
     libvirt_cluster_of,
     parse,
+    parse_cached,
 )
 from capl.controllers.machine.indexes import (
     INDEX_PENDING_HOST,
@@ -259,7 +260,7 @@ def _libvirt_cluster_for(ctx: Context, namespace: str, cluster_name: str) -> Lib
     cluster_raw = ctx.cache.get(CLUSTER, ObjectKey(namespace, cluster_name))
     if cluster_raw is not None:
         with contextlib.suppress(InvalidObject):
-            return libvirt_cluster_of(ctx.cache, parse(Cluster, cluster_raw))
+            return libvirt_cluster_of(ctx.cache, parse_cached(Cluster, cluster_raw))
     for obj in ctx.cache.list(LIBVIRT_CLUSTER, namespace=namespace):
         if cluster_name_of_libvirt_cluster(obj) == cluster_name:
             with contextlib.suppress(InvalidObject):

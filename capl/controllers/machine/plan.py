@@ -134,9 +134,13 @@ FAULT_STEPS: Final = (
 )
 
 
+_FAULT: Final = os.environ.get(FAULT_ENV) or None
+"""The step `CAPL_FAULT` names, read once (the tests set it for the whole process)."""
+
+
 def fault_point(step: str) -> None:
     """Exit the process here if `CAPL_FAULT` names `step` (see FAULT_ENV)."""
-    if os.environ.get(FAULT_ENV) == step:
+    if step == _FAULT:
         os._exit(FAULT_EXIT_CODE)
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -219,6 +219,20 @@ class HostDomains(Protocol):
         (``get_domain``) nor ``spec.name`` (``find_domain``), so these look-ups are not
         repeated; a domain that appeared since is refused by libvirt's define itself (a
         UUID under another name, a name under another UUID)."""
+        ...
+
+    async def create_domain(
+        self,
+        spec: DomainSpec,
+        *,
+        absent: bool = False,
+        on_defined: Callable[[], None] | None = None,
+    ) -> tuple[DomainInfo, list[InterfaceAddress]]:
+        """``define_domain``, ``start_domain(defined=...)`` and, when it runs,
+        ``domain_addresses`` in one operation: the domain just defined is started and asked
+        for its addresses without being looked up again (two calls and two round trips
+        through a worker thread fewer per machine). ``on_defined`` runs between the
+        definition and the start, on the worker thread (the crash tests' fault point)."""
         ...
 
     async def get_domain(self, uuid: str) -> DomainInfo | None: ...

@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import json
 import secrets
+import time
 
 import pycdlib
 import pytest
@@ -29,6 +30,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from capl.ports import bootstrap
 from capl.ports.bootstrap import NOCLOUD_LABEL, build_nocloud_iso, validate_ignition
 from capl.ports.errors import BootstrapDataError
 
@@ -251,3 +253,76 @@ def test_nocloud_iso_round_trips_any_content(
         hostname=hostname,
         network_config=network_config,
     )
+
+
+# --- the layout kept per size triple (capl.ports.bootstrap._layout) -------------------------
+
+
+def _pycdlib_image(files: list[tuple[str, str, bytes]]) -> bytes:
+    """The seed as pycdlib writes it with the files' bytes (what build_nocloud_iso made
+    before it kept layouts)."""
+    iso = pycdlib.PyCdlib()
+    iso.new(interchange_level=3, vol_ident=NOCLOUD_LABEL, joliet=3, rock_ridge="1.09")
+    try:
+        for iso_name, long_name, content in files:
+            iso.add_fp(
+                io.BytesIO(content),
+                len(content),
+                f"/{iso_name}",
+                rr_name=long_name,
+                joliet_path=f"/{long_name}",
+            )
+        out = io.BytesIO()
+        iso.write_fp(out)
+    finally:
+        iso.close()
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("size", [0, 1, 2047, 2048, 2049, 70_000], ids=lambda s: f"{s}B")
+@pytest.mark.parametrize("network", [None, b"", b"version: 2\n"], ids=["nonet", "empty", "net"])
+def test_nocloud_iso_is_the_image_pycdlib_writes(
+    size: int, network: bytes | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pycdlib stamps the time of making into the image: the same time for both sides
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.0)
+    bootstrap._layout.cache_clear()
+    user_data = secrets.token_bytes(size)
+    image = build_nocloud_iso(
+        user_data=user_data, instance_id="i-1", hostname="m-0", network_config=network
+    )
+    meta = bootstrap.nocloud_meta_data(instance_id="i-1", hostname="m-0")
+    files = [("USERDATA.;1", "user-data", user_data), ("METADATA.;1", "meta-data", meta)]
+    if network is not None:
+        files.append(("NETWORKC.;1", "network-config", network))
+    assert image == _pycdlib_image(files)
+
+
+def test_nocloud_layout_reused_carries_only_its_own_seed() -> None:
+    bootstrap._layout.cache_clear()
+    first, second = secrets.token_bytes(3000), secrets.token_bytes(3000)
+    net_a, net_b = b"version: 2\n# " + b"a" * 40, b"version: 2\n# " + b"b" * 40
+    image_a = build_nocloud_iso(
+        user_data=first, instance_id="uid-a", hostname="m-a", network_config=net_a
+    )
+    image_b = build_nocloud_iso(
+        user_data=second, instance_id="uid-b", hostname="m-b", network_config=net_b
+    )
+    assert bootstrap._layout.cache_info().hits == 1  # same sizes: laid out once
+    _check_iso(image_b, user_data=second, instance_id="uid-b", hostname="m-b", network_config=net_b)
+    assert first not in image_b
+    assert net_a not in image_b
+    assert b"uid-a" not in image_b
+    _check_iso(image_a, user_data=first, instance_id="uid-a", hostname="m-a", network_config=net_a)
+    # another size: its own layout
+    build_nocloud_iso(user_data=first + b"x", instance_id="uid-a", hostname="m-a")
+    assert bootstrap._layout.cache_info().misses == 2
+
+
+@pytest.mark.parametrize(
+    ("instance_id", "hostname"),
+    [("true", "123"), ("null", "0x1f"), ('a"b\\c', "x: y #z"), ("é", "m\u2028"), ("~", "")],
+)
+def test_nocloud_meta_data_reads_back_as_strings(instance_id: str, hostname: str) -> None:
+    meta = yaml.safe_load(bootstrap.nocloud_meta_data(instance_id=instance_id, hostname=hostname))
+    assert meta == {"instance-id": instance_id, "local-hostname": hostname}
