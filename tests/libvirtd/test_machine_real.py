@@ -30,6 +30,7 @@ from typing import Any
 
 import libvirt
 import pytest
+import yaml
 
 from capl.api import constants as c
 from capl.controllers import machine as libvirtmachine
@@ -186,7 +187,8 @@ async def test_cloud_config_machine_gets_its_hostname(
     assert source.value == "cloud-init"
     assert source.fields["sha256"] == hashlib.sha256(user_data).hexdigest()
     meta_data = (await _marker(log, "meta-data")).payload_bytes().decode()
-    assert f"instance-id: {obj['metadata']['uid']}" in meta_data
+    # YAML, as cloud-init reads it (the manager writes plain values double-quoted)
+    assert yaml.safe_load(meta_data)["instance-id"] == obj["metadata"]["uid"]
     assert (await _marker(log, "hostname")).value == "ci-node"
     assert (await _marker(log, "providerID")).value == obj["spec"]["providerID"]
     ip_marker = await _marker(log, "ip")
