@@ -9,7 +9,8 @@ Objects are kept encoded (compact JSON bytes, orjson) and decoded on every read:
 LibvirtMachine takes about 2 KB so instead of about 8 KB as nested dicts and strings, and
 every read is the caller's own copy. (Measured for issue 16: this cut pymalloc's allocated
 memory at 1,000 machines from 72 to 59 MB, not RSS, which the import of kubernetes_asyncio
-and per-machine controller memory dominate; see docs/benchmarks.md.) The indexes are computed once, from the object as it arrives. An index
+and per-machine controller memory dominate; see docs/benchmarks.md.) The indexes are
+computed once, from the object as it arrives. An index
 value held by one key (a domain UUID, an owner UID) keeps that key alone, not a set.
 """
 
