@@ -3,7 +3,12 @@
 `KubeClient.connect(kubeconfig)` returns the capl.runtime `Client` for a real API server.
 """
 
-from capl.kube.client import KubeClient, KubeResourceClient
-from capl.kube.config import KubeconfigError, load_configuration
+from capl.kube import lean_import
+
+# before anything imports kubernetes_asyncio: its generated APIs and models load on first use
+lean_import.install()
+
+from capl.kube.client import KubeClient, KubeResourceClient  # noqa: E402
+from capl.kube.config import KubeconfigError, load_configuration  # noqa: E402
 
 __all__ = ["KubeClient", "KubeResourceClient", "KubeconfigError", "load_configuration"]
