@@ -153,7 +153,7 @@ class Store:
         """Insert or replace; returns the previous object (decoded)."""
         key = key_of(obj)
         old = self._items.get(key)
-        self._items[key] = orjson.dumps(obj)
+        self._items[key] = _encode(obj)
         for name in self._indexers:
             self._index(name, key, obj)
         return None if old is None else _decode(old)
@@ -210,6 +210,17 @@ class Store:
                 index[value] = next(iter(bucket))
             elif not bucket:
                 del index[value]
+
+
+def _encode(obj: Obj) -> bytes:
+    """The object as compact JSON, in a buffer of its own size.
+
+    orjson.dumps returns its bytes in the buffer it wrote into, at least 4 KiB whatever the
+    length (orjson 3.13: measured with tracemalloc, 4,097 bytes for `{"a":1}`); kept as they
+    are, every cached object would hold 4 KiB, twice the 2.2 KB of a Ready LibvirtMachine. The
+    copy costs one memcpy per watch event.
+    """
+    return memoryview(orjson.dumps(obj)).tobytes()
 
 
 def _decode(data: bytes) -> Obj:

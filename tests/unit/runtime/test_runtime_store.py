@@ -4,7 +4,10 @@ come and go, without losing or duplicating a key."""
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
+
+import orjson
 
 from capl.runtime.objects import ObjectKey
 from capl.runtime.store import INDEX_CLUSTER, Store
@@ -63,3 +66,23 @@ def test_index_buckets_move_between_one_key_and_a_set() -> None:
     # an index added later is built from the stored objects
     store.add_indexer("name", lambda obj: [obj["metadata"]["name"]])
     assert store.index_keys("name", "b") == [keys[1]]
+
+
+def test_a_stored_object_takes_about_its_encoded_size() -> None:
+    # orjson.dumps hands back its (at least 4 KiB) write buffer: the store keeps an exact copy
+
+    objects = [_obj(f"m{i:04}", "c1") for i in range(500)]
+    store = Store()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for obj in objects:
+            store.upsert(obj)
+        per_object = (tracemalloc.get_traced_memory()[0] - before) / len(objects)
+    finally:
+        tracemalloc.stop()
+    encoded = len(orjson.dumps(objects[0]))
+    assert encoded < 200
+    # the bytes (encoded + ~33 B header), its key and dict slot, index entries: well under
+    # the 4 KiB a kept orjson buffer alone takes
+    assert per_object < 1024, per_object
