@@ -303,7 +303,7 @@ async def _sweep_host(
             continue
         ident = Identity.of(namespace=namespace, name=tag.name, uid=tag.uid, cluster=cluster_name)
         ctx.memory.of(key).orphans[domain_uuid] = Leftover(
-            ident=ident, domain_uuid=domain_uuid, target=target, spec=None, swept=True
+            ident=ident, domain_uuid=domain_uuid, target=target, spec_json=None, swept=True
         )
         log.info(
             "orphaned domain confirmed, queued for removal",

@@ -111,7 +111,10 @@ class Placed:
     def leftover(self, spec: LibvirtMachineSpec) -> Leftover:
         """What is made for this incarnation, should it vanish (MachineMemory.made)."""
         return Leftover(
-            ident=self.ident, domain_uuid=self.domain_uuid, target=self.target, spec=spec
+            ident=self.ident,
+            domain_uuid=self.domain_uuid,
+            target=self.target,
+            spec_json=Leftover.of_spec(spec),
         )
 
 

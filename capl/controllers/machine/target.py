@@ -86,10 +86,24 @@ class Leftover:
     ident: Identity
     domain_uuid: str
     target: Target
-    spec: LibvirtMachineSpec | None
-    """The spec it was created from (NICs, MACs); None when only the domain is known (sweep):
-    the default single NIC on the cluster network is assumed."""
+    spec_json: bytes | None
+    """The spec it was created from (NICs, MACs), as the JSON it was read from (`of_spec`):
+    a parsed spec is ~2 KB per machine held for the machine's life, its JSON a few hundred
+    bytes, and it is read only to remove what was made. None when only the domain is known
+    (sweep): the default single NIC on the cluster network is assumed."""
     swept: bool = False
+
+    @staticmethod
+    def of_spec(spec: LibvirtMachineSpec) -> bytes:
+        """`spec_json` of a spec: the fields it was given, as the API names them."""
+        return spec.model_dump_json(by_alias=True, exclude_unset=True).encode()
+
+    @property
+    def spec(self) -> LibvirtMachineSpec | None:
+        """The spec (parsed afresh on each read), or None (see `spec_json`)."""
+        if self.spec_json is None:
+            return None
+        return LibvirtMachineSpec.model_validate_json(self.spec_json)
 
     @property
     def uid(self) -> str:

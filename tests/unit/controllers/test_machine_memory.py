@@ -3,8 +3,10 @@ record, forgotten in one place, except the orphans the sweep confirmed meanwhile
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import cast
 
+from capl.api.machine import LibvirtMachineSpec
 from capl.controllers.machine.memory import Memory, OwnStarts
 from capl.controllers.machine.target import Identity, Leftover, Target
 from capl.ports.virt import Host
@@ -25,7 +27,7 @@ def leftover(uid: str, *, swept: bool) -> Leftover:
         credentials_secret=None,
     )
     ident = Identity.of(namespace="ns", name="m", uid=uid, cluster="c")
-    return Leftover(ident=ident, domain_uuid=f"d-{uid}", target=target, spec=None, swept=swept)
+    return Leftover(ident=ident, domain_uuid=f"d-{uid}", target=target, spec_json=None, swept=swept)
 
 
 def test_touch_unsettles_and_counts() -> None:
@@ -71,3 +73,31 @@ def test_own_starts_are_an_echo_once_and_only_in_time() -> None:
     starts.add("u3", now=0.0)
     starts.discard("u3")
     assert not starts.echo("u3", now=1.0)
+
+
+def test_a_leftover_keeps_its_spec_as_json_and_gives_it_back_equal() -> None:
+    spec = LibvirtMachineSpec.model_validate(
+        {
+            "cpus": 2,
+            "memoryMiB": 2048,
+            "image": {"volume": "base.qcow2", "format": "qcow2"},
+            "networkInterfaces": [
+                {"network": "default", "mac": "52:54:00:aa:bb:01", "ip": "10.0.0.5"},
+                {"bridge": "br0", "mac": "52:54:00:aa:bb:02"},
+            ],
+            "extraDisks": [{"name": "data", "sizeGiB": 10}],
+            "providerID": "libvirt:///00000000-0000-0000-0000-000000000001",
+        }
+    )
+    made = replace(leftover("u1", swept=False), spec_json=Leftover.of_spec(spec))
+    assert made.spec == spec
+    assert made.spec is not None
+    assert made.spec.network_interfaces is not None
+    assert [n.mac for n in made.spec.network_interfaces] == [
+        "52:54:00:aa:bb:01",
+        "52:54:00:aa:bb:02",
+    ]
+    assert made.spec is not spec
+    assert made.spec_json is not None
+    assert len(made.spec_json) < 600
+    assert leftover("u2", swept=True).spec is None
