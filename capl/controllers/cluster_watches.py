@@ -61,8 +61,10 @@ from capl.runtime.store import INDEX_CLUSTER, cluster_index_value
 
 __all__ = [
     "CREDENTIALS_INDEX",
+    "INDEX_OWNER_CLUSTER",
     "MIGRATION_CHANGES",
     "ControlPlaneMachineChanges",
+    "add_owner_cluster_index",
     "control_plane_addresses",
     "credentials_indexer",
     "host_event_trigger",
@@ -137,25 +139,47 @@ def credentials_indexer(obj: Obj) -> Iterable[str]:
     return [f"{namespace}/{name}" for name in sorted(names)]
 
 
+INDEX_OWNER_CLUSTER = "capl.owner-cluster"
+"""LibvirtClusters by the Cluster that owns them ("namespace/name" of each Cluster owner
+reference), so that a machine event finds its cluster's LibvirtClusters without decoding
+every LibvirtCluster of the namespace."""
+
+
+def owner_cluster_indexer(obj: Obj) -> Iterable[str]:
+    namespace = meta(obj).get("namespace") or ""
+    return sorted(
+        {
+            cluster_index_value(namespace, str(ref["name"]))
+            for ref in owner_references(obj)
+            if ref.get("kind") == "Cluster"
+            and ref.get("name")
+            and str(ref.get("apiVersion", "")).startswith(CAPI_GROUP + "/")
+        }
+    )
+
+
+def add_owner_cluster_index(cache: Cache) -> None:
+    """Add INDEX_OWNER_CLUSTER to the LibvirtCluster informer (once; idempotent)."""
+    cache.informer(LIBVIRT_CLUSTER).add_indexer(INDEX_OWNER_CLUSTER, owner_cluster_indexer)
+
+
 def libvirt_clusters_of(cache: Cache, *, namespace: str, cluster: str) -> list[ObjectKey]:
-    """The LibvirtClusters of a Cluster: its infrastructureRef, and any owned by it."""
+    """The LibvirtClusters of a Cluster: its infrastructureRef, and any owned by it (from
+    INDEX_OWNER_CLUSTER: `add_owner_cluster_index` first)."""
     keys: set[ObjectKey] = set()
     cluster_obj = cache.get(CLUSTER, ObjectKey(namespace, cluster))
     if cluster_obj is not None:
         keys.update(map_ref("spec", "infrastructureRef", kind=c.Kind.LIBVIRT_CLUSTER)(cluster_obj))
-    for obj in cache.list(LIBVIRT_CLUSTER, namespace=namespace):
-        for ref in owner_references(obj):
-            if (
-                ref.get("kind") == "Cluster"
-                and ref.get("name") == cluster
-                and str(ref.get("apiVersion", "")).startswith(CAPI_GROUP + "/")
-            ):
-                keys.add(key_of(obj))
+    owned = cache.index_keys(
+        LIBVIRT_CLUSTER, INDEX_OWNER_CLUSTER, cluster_index_value(namespace, cluster)
+    )
+    keys.update(owned)
     return sorted(keys)
 
 
 def _map_member_to_clusters(cache: Cache) -> Callable[[Obj], Iterable[ObjectKey]]:
     """A (Libvirt)Machine -> the LibvirtCluster(s) of its cluster."""
+    add_owner_cluster_index(cache)
 
     def mapper(obj: Obj) -> Iterable[ObjectKey]:
         cluster = labels(obj).get(c.CLUSTER_NAME_LABEL) or get_path(obj, "spec", "clusterName")
@@ -216,6 +240,7 @@ class ControlPlaneMachineChanges:
 
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
+        add_owner_cluster_index(cache)
 
     def create(self, obj: Obj) -> bool:
         return is_control_plane_machine(self.cache, obj)
@@ -252,9 +277,10 @@ MIGRATION_CHANGES = FuncPredicate(on_update=_migration_changed)
 
 
 def watches(cache: Cache) -> list[Watch]:
-    """The secondary watches of the controller (adds the credentials index and the machine
-    host index to the cache)."""
+    """The secondary watches of the controller (adds the credentials and owner-cluster
+    indexes of LibvirtClusters and the machine host index to the cache)."""
     cache.informer(LIBVIRT_CLUSTER).add_indexer(CREDENTIALS_INDEX, credentials_indexer)
+    add_owner_cluster_index(cache)
     cache.informer(LIBVIRT_MACHINE).add_indexer(INDEX_HOST, index_host)
     members = _map_member_to_clusters(cache)
     return [

@@ -39,7 +39,7 @@ from capl.runtime.clock import Clock, LoopClock, Timer
 from capl.runtime.errors import ApiError, Gone, WatchStalled
 from capl.runtime.objects import Obj, ObjectKey, key_of, resource_version
 from capl.runtime.resources import Resource
-from capl.runtime.store import Indexer, Store
+from capl.runtime.store import Indexer, KeyList, Store
 
 log = structlog.get_logger("capl.runtime.informer")
 
@@ -439,6 +439,11 @@ class Cache:
 
     def by_index(self, resource: Resource, index: str, value: str) -> ObjList:
         return self.informer(resource).store.by_index(index, value)
+
+    def index_keys(self, resource: Resource, index: str, value: str) -> KeyList:
+        """The keys of the cached objects of `resource` whose `index` holds `value` (nothing
+        decoded)."""
+        return self.informer(resource).store.index_keys(index, value)
 
     def index_values(self, resource: Resource, index: str) -> set[str]:
         """Every value of `index` over the cached objects of `resource` (see Store)."""

@@ -122,8 +122,15 @@ def test_mappers() -> None:
             },
         },
     )
+    for name, ref in (
+        ("lc-other", {"apiVersion": c.CAPI_API_VERSION, "kind": "Cluster", "name": "c2"}),
+        ("lc-foreign", {"apiVersion": "example.com/v1", "kind": "Cluster", "name": "c1"}),
+    ):
+        owned = {"metadata": {"name": name, "namespace": NS, "ownerReferences": [ref]}}
+        put(store, LIBVIRT_CLUSTER, owned)
     expected = [ObjectKey(NS, "lc-owned"), ObjectKey(NS, "lc1")]
     assert libvirt_clusters_of(store, namespace=NS, cluster="c1") == expected
+    assert libvirt_clusters_of(store, namespace=NS, cluster="c2") == [ObjectKey(NS, "lc-other")]
     by_resource = {w.resource: w for w in watch_list}
     assert list(by_resource[LIBVIRT_MACHINE].mapper(lm("cp1"))) == expected
     machine = {"metadata": {"name": "m", "namespace": NS}, "spec": {"clusterName": "c1"}}
