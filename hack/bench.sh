@@ -9,6 +9,7 @@
 # non-zero. Knobs (environment): CAPL_BENCH_LAYOUTS (scale-out, default 10x100,1x1000: the
 # first is the headline, with the work floor), CAPL_BENCH_SIZES (default 100,1000,3000; 10,000: make bench-scale),
 # CAPL_BENCH_STEADY (seconds, default 60), CAPL_BENCH_REALVM_ROUNDS (default 2),
+# CAPL_BENCH_REALNODE_ROUNDS (default 1: a round boots two real nodes, a few minutes under TCG),
 # CAPL_BENCH_MIGRATION_REPS (default 8), CAPL_BENCH_BED_LOCK_WAIT (seconds, default 600).
 #
 # The migration benchmark runs on the multi-host bed (one per machine, shared with whoever
@@ -22,6 +23,7 @@ cd "$HERE/.."
 
 started=$SECONDS
 bed_up
+nodes_up # the real-node benchmark: the node binaries and the node image
 
 PY=.venv/bin/python
 if ! "$PY" -c 'import matplotlib' 2>/dev/null; then
@@ -58,6 +60,8 @@ bench machines_testdriver "$PY" bench/machines_testdriver.py --machines 500
 # 1 x 1,000 on one network (reported beside it)
 bench scaleout "$PY" bench/scaleout.py --layouts "${CAPL_BENCH_LAYOUTS:-10x100,1x1000}"
 bench machines_realvm "$PY" bench/machines_realvm.py --vms 3 --rounds "${CAPL_BENCH_REALVM_ROUNDS:-2}"
+# a real Kubernetes node through capl (MachineDeployment 0 -> 1) against a hand-run kubeadm join
+bench realnode "$PY" bench/realnode.py --rounds "${CAPL_BENCH_REALNODE_ROUNDS:-1}"
 bench migration flock -w "${CAPL_BENCH_BED_LOCK_WAIT:-600}" /tmp/capl-multihost.lock \
 	"$PY" bench/migration.py --start-bed --reps "${CAPL_BENCH_MIGRATION_REPS:-8}"
 
@@ -71,7 +75,7 @@ bench scaling_curve "$PY" bench/scaling_curve.py --no-raw \
 # the wall time of each benchmark and of the whole run (set-up included), with the load
 printf '%s\n' "${walls[@]}" | "$PY" bench/timings.py "$((SECONDS - started))"
 report=0
-"$PY" bench/report.py --require scaleout,steady,realvm,scaling,migration || report=$?
+"$PY" bench/report.py --require scaleout,steady,realvm,scaling,migration,realnode || report=$?
 note "make bench: $((SECONDS - started)) s"
 if [ "${#failed[@]}" -gt 0 ] || [ "$report" -ne 0 ]; then
 	die "failed: ${failed[*]:-}${failed[*]:+; }report exit status $report"
