@@ -377,7 +377,9 @@ async def one_round(
     result: dict[str, Any] = {"first": order[0]}
     for name in order:
         if name == "capl":
+            deleted = len(capl.nodes_deleted)
             result[name] = await side(name, capl_join, capl_remove, measured)
+            result[name]["nodes_deleted_by_benchmark"] = capl.nodes_deleted[deleted:]
         else:
             result[name] = await side(name, kubeadm_join, kubeadm_remove, measured)
     result["ratio"] = round(result["capl"]["seconds"] / result["kubeadm"]["seconds"], 3)
@@ -432,6 +434,8 @@ async def main(argv: list[str]) -> int:
         teardown = time.perf_counter()
         problems = await bed.close(keep=args.keep)
         note(f"clean-up: {time.perf_counter() - teardown:.1f} s")
+        for problem in problems:
+            note(f"clean-up problem: {problem}")
     if problems:
         raise RuntimeError("clean-up: " + "; ".join(problems))
     assert bed.plan is not None

@@ -17,7 +17,9 @@ LibvirtMachine's DomainProvisioned condition), "Node registered", "Node Ready".
 
 Removal (`scale_down`, not timed): replicas back to 0; until the Machine, its LibvirtMachine
 and its Node are gone (Cluster API drains and deletes the Node; capl shuts the domain down
-and removes it, its volumes and its DHCP and DNS entries).
+and removes it, its volumes and its DHCP and DNS entries). A Node Cluster API could not
+match to its Machine (registered under another name, see `new_ready_node`) is deleted here
+once the machine is gone, and recorded (`nodes_deleted`).
 """
 
 from __future__ import annotations
@@ -28,13 +30,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.realnode_common import POLL, Timeline, node_gone, node_state
+from bench.realnode_common import POLL, Timeline, new_ready_node, node_gone, node_names
 from capl.commands.demo.node_objects import extra_resources
 from capl.kube import KubeClient
-from capl.ports.naming import machine_hostname
 from capl.runtime.errors import NotFound
 from capl.runtime.objects import Obj, ObjectKey
-from capl.runtime.resources import LIBVIRT_MACHINE, MACHINE
+from capl.runtime.resources import LIBVIRT_MACHINE, MACHINE, NODE
 
 
 def _condition(obj: Obj, type_: str) -> dict[str, Any] | None:
@@ -55,6 +56,10 @@ class CaplSide:
     cluster: str
     deployment: str
     machines_seen: list[str] = field(default_factory=list)
+    nodes_seen: list[str] = field(default_factory=list)
+    nodes_deleted: list[str] = field(default_factory=list)
+    """Nodes Cluster API did not delete with their Machine (it found no nodeRef: a Node
+    registered under another name than the machine's), deleted by the benchmark."""
 
     async def _scale(self, replicas: int) -> None:
         await self.api.resource(extra_resources()["MachineDeployment"]).patch(
@@ -72,7 +77,8 @@ class CaplSide:
         return list(listed.items)
 
     async def join(self, *, within: float) -> tuple[Timeline, str]:
-        """Scale to 1, until the new Machine's Node is Ready: (timeline, machine name)."""
+        """Scale to 1, until the new Machine's Node is Ready: (timeline, Node name)."""
+        before = await node_names(self.workload)
         timeline = Timeline()
         await self._scale(1)
         name: str | None = None
@@ -85,8 +91,10 @@ class CaplSide:
                     timeline.mark("Machine")
             if name is not None:
                 await self._progress(name, timeline)
-                if await node_state(self.workload, machine_hostname(name), timeline):
-                    return timeline, name
+            node = await new_ready_node(self.workload, before, timeline)
+            if node is not None:
+                self.nodes_seen.append(node)
+                return timeline, node
             if timeline.elapsed() > within:
                 raise TimeoutError(
                     f"capl: no Ready Node within {within:.0f} s: {await self._why(name)}"
@@ -121,15 +129,27 @@ class CaplSide:
         )
 
     async def scale_down(self, *, within: float) -> list[str]:
-        """Replicas 0, until the Machines, LibvirtMachines and Nodes of this side are gone;
-        what is still there after `within` seconds."""
+        """Replicas 0, until the Machines and LibvirtMachines of this side are gone and its
+        Nodes too (one Cluster API left behind is deleted here and recorded); what is still
+        there after `within` seconds."""
         await self._scale(0)
         started = time.monotonic()
         while True:
             left = await self.left()
             if not left or time.monotonic() - started > within:
                 return left
+            if not [x for x in left if not x.startswith("Node ")]:
+                await self._delete_stale_nodes()
             await asyncio.sleep(POLL)
+
+    async def _delete_stale_nodes(self) -> None:
+        """The machines are gone: a Node of theirs still there is one Cluster API had no
+        nodeRef for (kubelet is gone with the guest; nothing registers it again)."""
+        for node in self.nodes_seen:
+            if not await node_gone(self.workload, node):
+                with contextlib.suppress(NotFound):
+                    await self.workload.resource(NODE).delete(ObjectKey("", node))
+                    self.nodes_deleted.append(node)
 
     async def left(self) -> list[str]:
         left = [f"Machine {m['metadata']['name']}" for m in await self.machines()]
@@ -137,6 +157,7 @@ class CaplSide:
             with contextlib.suppress(NotFound):
                 await self.api.resource(LIBVIRT_MACHINE).get(ObjectKey(self.namespace, name))
                 left.append(f"LibvirtMachine {name}")
-            if not await node_gone(self.workload, machine_hostname(name)):
-                left.append(f"Node {machine_hostname(name)}")
+        for node in self.nodes_seen:
+            if not await node_gone(self.workload, node):
+                left.append(f"Node {node}")
         return left

@@ -2,9 +2,9 @@
 
 Both sides are timed the same way: a `Timeline` started just before their first step, marks
 for the steps on the way (seconds since the start, each kept once), and the end when the
-workload cluster's API server lists the node's Node with condition Ready=True — read by
-`node_state`, polled every `POLL` seconds by both sides, so both see the Node with the same
-resolution.
+workload cluster's API server lists the side's new Node with condition Ready=True — read by
+`new_ready_node`, polled every `POLL` seconds by both sides, so both see the Node with the
+same resolution.
 """
 
 from __future__ import annotations
@@ -67,17 +67,28 @@ def _ready(node: Mapping[str, Any]) -> bool:
     return False
 
 
-async def node_state(workload: KubeClient, name: str, timeline: Timeline) -> bool:
-    """Marks "Node registered" when the Node exists and "Node Ready" when it is; True then."""
-    try:
-        node = await workload.resource(NODE).get(ObjectKey("", name))
-    except NotFound:
-        return False
+async def node_names(workload: KubeClient) -> set[str]:
+    return {n["metadata"]["name"] for n in (await workload.resource(NODE).list()).items}
+
+
+async def new_ready_node(workload: KubeClient, before: set[str], timeline: Timeline) -> str | None:
+    """The name of a Node not in `before` once it is Ready (None until then); marks "Node
+    registered" when one exists and "Node Ready". The Node is found as the new one, not by
+    the name the guest should have: under heavy load the node image's `kubeadm join` has run
+    before the guest had its DHCP host name, and the Node registered as "localhost"."""
+    new = [
+        n
+        for n in (await workload.resource(NODE).list()).items
+        if n["metadata"]["name"] not in before
+    ]
+    if not new:
+        return None
     timeline.mark("Node registered")
-    if _ready(node):
-        timeline.mark("Node Ready")
-        return True
-    return False
+    for node in new:
+        if _ready(node):
+            timeline.mark("Node Ready")
+            return str(node["metadata"]["name"])
+    return None
 
 
 async def node_gone(workload: KubeClient, name: str) -> bool:

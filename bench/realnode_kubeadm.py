@@ -51,7 +51,7 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from bench.realnode_common import POLL, Timeline, node_gone, node_state
+from bench.realnode_common import POLL, Timeline, new_ready_node, node_gone, node_names
 from capl.api.machine import LibvirtMachineSpec
 from capl.controllers.machine.plan import NicPlan, build_domain_spec
 from capl.kube import KubeClient
@@ -116,6 +116,13 @@ class KubeadmNode:
     volumes: list[str] = field(default_factory=list)
     reserved: bool = False
     domain_created: bool = False
+    node_name: str | None = None
+    """The Node it registered (its DHCP host name, `name`, unless it joined before it had
+    one: see bench/realnode_common.py)."""
+
+    @property
+    def node_names(self) -> list[str]:
+        return sorted({self.name, self.node_name or self.name})
 
     @property
     def token(self) -> str:
@@ -294,18 +301,20 @@ class KubeadmSide:
     async def join(self, node: KubeadmNode, *, within: float) -> Timeline:
         """Steps 1-4 of the module docstring, timed from the token to the Ready Node;
         TimeoutError (with the console's tail) after `within` seconds."""
+        before = await node_names(self.workload)
         timeline = Timeline()
         node.token_created = True  # from the request on: the removal tolerates NotFound
         await self.workload.resource(SECRET).create(self.token_object(node, ttl_s=within + 600))
         timeline.mark("token")
         await asyncio.to_thread(self._make_guest, node, self.ignition(node), timeline)
-        while not await node_state(self.workload, node.name, timeline):
+        while (name := await new_ready_node(self.workload, before, timeline)) is None:
             if timeline.elapsed() > within:
                 raise TimeoutError(
                     f"{node.name}: no Ready Node within {within:.0f} s; the console's tail:\n"
                     + self.console_tail(node)
                 )
             await asyncio.sleep(POLL)
+        node.node_name = name
         return timeline
 
     def console_tail(self, node: KubeadmNode, limit: int = 3000) -> str:
@@ -324,15 +333,18 @@ class KubeadmSide:
                 name = f"bootstrap-token-{node.token_id}"
                 await api.resource(SECRET).delete(ObjectKey("kube-system", name))
         # the guest is gone, so no kubelet can register the Node again
-        with contextlib.suppress(NotFound):
-            await api.resource(NODE).delete(ObjectKey("", node.name))
-        users = {f"system:bootstrap:{node.token_id}", f"system:node:{node.name}"}
+        for name in node.node_names:
+            with contextlib.suppress(NotFound):
+                await api.resource(NODE).delete(ObjectKey("", name))
+        users = {f"system:bootstrap:{node.token_id}"} | {
+            f"system:node:{n}" for n in node.node_names
+        }
         for csr in (await api.resource(CSR).list()).items:
             if (csr.get("spec") or {}).get("username") in users:
                 with contextlib.suppress(NotFound):
                     await api.resource(CSR).delete(ObjectKey("", csr["metadata"]["name"]))
         started = time.monotonic()
-        while not await node_gone(api, node.name):
+        while not all([await node_gone(api, n) for n in node.node_names]):
             if time.monotonic() - started > within:
                 break
             await asyncio.sleep(POLL)
@@ -390,6 +402,5 @@ class KubeadmSide:
                 ObjectKey("kube-system", f"bootstrap-token-{node.token_id}")
             )
             left.append(f"token {node.token_id}")
-        if not await node_gone(self.workload, node.name):
-            left.append(f"Node {node.name}")
+        left += [f"Node {n}" for n in node.node_names if not await node_gone(self.workload, n)]
         return left
