@@ -57,7 +57,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import note, write_result
+from bench.common import cpu_seconds_of, libvirtd_pid, note, write_result
 from bench.realnode_capl import CaplSide
 from bench.realnode_common import POLL, Timeline, deadline, removal_deadline
 from bench.realnode_kubeadm import KubeadmSide
@@ -79,6 +79,7 @@ from capl.commands.demo.ui import Ui
 from capl.controllers.machine.plan import image_plan
 from capl.errors import CliError
 from capl.kube import KubeClient
+from capl.ports.naming import machine_names
 from capl.runtime.errors import NotFound
 from capl.runtime.logging import configure_logging
 from capl.runtime.objects import ObjectKey
@@ -211,6 +212,21 @@ class Bed:
         )
         return capl, kubeadm
 
+    def stack(self) -> dict[str, int | None]:
+        """The processes whose CPU a side's time may go to, besides its guest."""
+        found: dict[str, int | None] = {"libvirtd": libvirtd_pid(), "benchmark": os.getpid()}
+        if self.plane is not None:
+            for proc in (self.plane.apiserver_process, self.plane.etcd_process):
+                if proc is not None:
+                    found[f"management {proc.name}"] = proc.pid
+        if self.capi is not None:
+            found["cluster-api core"] = self.capi.pid
+        if self.manager is not None:
+            found["capl manager"] = self.manager.pid
+        if self.nodes is not None:
+            found.update(self.nodes.pids)
+        return found
+
     async def close(self, *, keep: bool) -> list[str]:
         """Take everything apart, whichever parts started; what went wrong (never raises)."""
         problems: list[str] = []
@@ -320,12 +336,33 @@ def _busy() -> tuple[int, int]:
     return sum(fields) - fields[3] - fields[4], sum(fields)
 
 
-async def side(name: str, join: Join, remove: Remove, measured: list[float]) -> dict[str, Any]:
+def qemu_pid(domain: str) -> int | None:
+    """The QEMU process of a running domain (its command line names it `guest=<name>,`)."""
+    needle = f"guest={domain},".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if needle in (entry / "cmdline").read_bytes():
+                    return int(entry.name)
+    return None
+
+
+async def side(
+    name: str,
+    join: Join,
+    remove: Remove,
+    measured: list[float],
+    *,
+    stack: dict[str, int | None],
+    domain: Callable[[], str],
+) -> dict[str, Any]:
     """One side's node, timed by its timeline, then removed (on every path; a node that
-    cannot be removed fails the run)."""
+    cannot be removed fails the run). With the CPU seconds each process of `stack` and the
+    guest's QEMU spent meanwhile."""
     within = deadline(measured)
     load = round(os.getloadavg()[0], 2)
     busy0, total0 = _busy()
+    cpu0 = cpu_seconds_of(stack)
     note(f"{name}: one node, deadline {within:.0f} s (load average {load})")
     try:
         timeline, node = await join(within)
@@ -336,6 +373,7 @@ async def side(name: str, join: Join, remove: Remove, measured: list[float]) -> 
                 note(f"{name}: still there after the failure: {left}")
         raise
     busy1, total1 = _busy()
+    cpu1 = cpu_seconds_of(stack | {"guest (QEMU)": qemu_pid(domain())})
     seconds = timeline.marks["Node Ready"]
     measured.append(seconds)
     note(f"{name}: Node {node} Ready after {seconds:.1f} s: {timeline.marks}")
@@ -353,17 +391,22 @@ async def side(name: str, join: Join, remove: Remove, measured: list[float]) -> 
             (os.cpu_count() or 1) * (busy1 - busy0) / max(1, total1 - total0), 2
         ),
         "removal_s": round(time.perf_counter() - t0, 2),
+        "cpu_s": {k: round(v - cpu0.get(k, 0.0), 2) for k, v in cpu1.items()},
     }
 
 
 async def one_round(
-    r: int, capl: CaplSide, kubeadm: KubeadmSide, measured: list[float]
+    r: int, bed: Bed, capl: CaplSide, kubeadm: KubeadmSide, measured: list[float]
 ) -> dict[str, Any]:
     async def capl_join(within: float) -> tuple[Timeline, str]:
         return await capl.join(within=within)
 
     async def capl_remove(within: float) -> list[str]:
         return await capl.scale_down(within=within)
+
+    def capl_domain() -> str:
+        machine = capl.machines_seen[-1] if capl.machines_seen else ""
+        return machine_names(namespace=capl.namespace, name=machine).domain
 
     node = kubeadm.new_node(f"{r}-{secrets.token_hex(2)}")
 
@@ -378,10 +421,15 @@ async def one_round(
     for name in order:
         if name == "capl":
             deleted = len(capl.nodes_deleted)
-            result[name] = await side(name, capl_join, capl_remove, measured)
+            result[name] = await side(
+                name, capl_join, capl_remove, measured, stack=bed.stack(), domain=capl_domain
+            )
             result[name]["nodes_deleted_by_benchmark"] = capl.nodes_deleted[deleted:]
         else:
-            result[name] = await side(name, kubeadm_join, kubeadm_remove, measured)
+            result[name] = await side(
+                name, kubeadm_join, kubeadm_remove, measured, stack=bed.stack(),
+                domain=lambda: node.name,
+            )  # fmt: skip
     result["ratio"] = round(result["capl"]["seconds"] / result["kubeadm"]["seconds"], 3)
     note(
         f"round {r + 1}: capl {result['capl']['seconds']:.1f} s, kubeadm "
@@ -429,7 +477,7 @@ async def main(argv: list[str]) -> int:
         note(f"set-up: {setup_s:.1f} s")
         measured: list[float] = []  # boot times so far: the next deadlines
         for r in range(args.rounds):
-            rounds.append(await one_round(r, capl, kubeadm, measured))
+            rounds.append(await one_round(r, bed, capl, kubeadm, measured))
     finally:
         teardown = time.perf_counter()
         problems = await bed.close(keep=args.keep)
