@@ -113,6 +113,10 @@ bench: venv ## run the benchmarks (writes bench/results/; the curve to 3,000 mac
 bench-scale: venv ## the scaling curve to 10,000 machines and the steady window on them (after make bench)
 	@hack/bench-scale.sh
 
+.PHONY: bench-realnode
+bench-realnode: venv ## a real node through capl against a hand-run kubeadm join (after make bench)
+	@hack/bench-realnode.sh
+
 .PHONY: clean
 clean: ## remove build outputs in the repository (not the cache)
 	rm -rf out .mypy_cache .ruff_cache .pytest_cache

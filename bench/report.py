@@ -5,7 +5,8 @@ Inputs (each optional unless --require lists it): runtime.json (bench/runtime_to
 machines_testdriver.json (bench/machines_testdriver.py), scaleout.json, steady.json,
 scaling_curve.json (bench/scaling_curve.py, bench/scaleout.py, bench/steady.py),
 machines_realvm.json (bench/machines_realvm.py), migration.json (bench/migration.py; its
-part of the report is bench/report_migration.py).
+part of the report is bench/report_migration.py), realnode.json (bench/realnode.py;
+bench/report_realnode.py).
 
 summary.json is nested: one object per benchmark, so the figure called
 `scaleout.ratio_to_apiserver` is `summary["scaleout"]["ratio_to_apiserver"]` (jq:
@@ -23,6 +24,8 @@ measured against in the same run and its target:
                                       storage copy between two hosts (<= 1.2; and
                                       migration.capl_seconds, .virsh_seconds, .capl_downtime_ms,
                                       .virsh_downtime_ms, .downtime_ratio)
+    realnode.ratio_to_kubeadm         capl / a hand-run `kubeadm join`, a real node to Ready
+                                      (<= 1.15; and .capl_seconds, .kubeadm_seconds)
 
 plus `targets_met` (figure -> bool) and the inputs' timestamps.
 
@@ -30,7 +33,8 @@ Plots (SVG, matplotlib's Agg backend, into bench/results/, each with the machine
 measured on): scaleout.svg (throughput against the raw rate; the create-to-Ready
 distribution), steady.svg (CPU, RSS, LIST against their targets), realvm.svg (per round: capl
 against the baseline), migration.svg (per move: capl's phases against virsh's preparation +
-migrate; downtime), scaling_curve.svg (time and memory against N, with the fitted lines),
+migrate; downtime), realnode.svg (per round: each side's steps to the Ready
+Node), scaling_curve.svg (time and memory against N, with the fitted lines),
 runtime.svg (toy controller against raw patches), cpu_split.svg (CPU per machine by process:
 capl against the work floor; bench/report_floor.py).
 
@@ -57,7 +61,7 @@ import matplotlib.pyplot as plt  # after matplotlib.use: the backend is chosen f
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import report_floor, report_migration
+from bench import report_floor, report_migration, report_realnode
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
@@ -70,6 +74,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "steady.list_calls_after_start": ("==", 0.0),
     "realvm.ratio_to_virsh": ("<=", 1.15),
     **report_migration.TARGETS,
+    **report_realnode.TARGETS,
     **report_floor.TARGETS,
 }
 REQUIRED = (
@@ -81,6 +86,7 @@ REQUIRED = (
     "steady.list_calls_after_start",
     "realvm.ratio_to_virsh",
     *report_migration.REQUIRED,
+    *report_realnode.REQUIRED,
     *report_floor.REQUIRED,
 )
 
@@ -153,6 +159,8 @@ def summarize(inputs: Mapping[str, dict[str, Any] | None]) -> dict[str, Any]:
         }
     if (m := inputs.get("migration")) is not None:
         summary["migration"] = report_migration.summarize(m)
+    if (n := inputs.get("realnode")) is not None:
+        summary["realnode"] = report_realnode.summarize(n)
     if (c := inputs.get("scaling_curve")) is not None:
         summary["scaling"] = {
             "sizes": [p["machines"] for p in c["points"]],
@@ -448,8 +456,10 @@ def results_section(
             "<= 1.15",
         ),
         *report_migration.rows(summary.get("migration", {}), row, _fmt),
+        *report_realnode.rows(summary.get("realnode", {}), row, _fmt),
     ]
     lines += report_migration.paragraph(summary.get("migration", {}), _fmt)
+    lines += report_realnode.paragraph(summary.get("realnode", {}), _fmt)
     if "scaling" in summary:
         sc = summary["scaling"]
         lines += [
@@ -528,6 +538,7 @@ CAPTIONS = {
     "floor (the same libvirt calls and API writes by a tight script, one loop and capl's "
     "concurrency); dots: wall time per machine.",
     "migration": report_migration.CAPTION,
+    "realnode": report_realnode.CAPTION,
 }
 
 
@@ -553,7 +564,8 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--no-docs", action="store_true", help="leave docs/benchmarks.md alone")
     args = parser.parse_args(argv)
-    names = ("runtime", "machines_testdriver", "scaleout", "steady", "machines_realvm", "migration")
+    names: tuple[str, ...] = ("runtime", "machines_testdriver", "scaleout", "steady")
+    names += ("machines_realvm", "migration", "realnode")
     inputs = {name: load(name) for name in (*names, "scaling_curve", "floor")}
     for name, data in inputs.items():
         line = report_floor.machine_line(report_floor.machine_of(data))
@@ -574,6 +586,7 @@ def main(argv: list[str]) -> int:
         ("steady", plot_steady),
         ("machines_realvm", plot_realvm),
         ("migration", lambda m: report_migration.plot(m, plt, _save)),
+        ("realnode", lambda n: report_realnode.plot(n, plt, _save)),
         ("scaling_curve", plot_scaling),
         ("runtime", plot_runtime),
         ("floor", lambda f: report_floor.plot_cpu_split(inputs["scaleout"] or {}, f, plt, _save)),

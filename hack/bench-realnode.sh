@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The body of `make bench-realnode` (not in `make bench`, whose 30 minutes it does not fit:
+# a round boots two real Kubernetes nodes under TCG one after the other, several minutes):
+# a real node through capl (a MachineDeployment scaled 0 -> 1) against a hand-run `kubeadm
+# join` of the same node image (bench/realnode.py), then bench/report.py. It writes only
+# realnode.json (and its plot) into bench/results/: run it after `make bench`, which empties
+# that directory first. Knob: CAPL_BENCH_REALNODE_ROUNDS (default 1).
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=hack/lib.sh
+. "$HERE/lib.sh"
+cd "$HERE/.."
+
+started=$SECONDS
+bed_up
+nodes_up
+PY=.venv/bin/python
+if ! "$PY" -c 'import matplotlib' 2>/dev/null; then
+	.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[bench]' ||
+		die "pip install of the bench extra failed"
+fi
+mkdir -p bench/results
+rm -f bench/results/realnode.json
+status=0
+"$PY" bench/realnode.py --rounds "${CAPL_BENCH_REALNODE_ROUNDS:-1}" || status=$?
+note "realnode: $((SECONDS - started)) s"
+"$PY" bench/report.py --require realnode || status=$?
+note "make bench-realnode: $((SECONDS - started)) s"
+exit "$status"
