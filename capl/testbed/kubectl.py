@@ -9,7 +9,10 @@ manager helpers of this package.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,10 +70,36 @@ async def apply_and_wait_for_crds(
     )  # fmt: skip
     crds = [line.strip() for line in out.splitlines() if line.startswith(_CRD_PREFIX)]
     if crds:
-        await run_kubectl(
-            ctx, "wait", "--for=condition=Established", f"--timeout={within:.0f}s", *crds,
-            within=within + 30,
-        )  # fmt: skip
+        await wait_established(
+            lambda *a, within: run_kubectl(ctx, *a, within=within), crds, within=within
+        )
     names = [c.split("/", 1)[1] for c in crds]
     log.info("installed %d CRD(s) from %s: %s", len(names), directory, ", ".join(names))
     return names
+
+
+KubectlRun = Callable[..., Awaitable[str]]
+
+
+async def wait_established(kubectl: KubectlRun, crds: Sequence[str], *, within: float) -> None:
+    """`kubectl wait` until the CRDs (kubectl resource names) are Established.
+
+    A CRD the API server has not yet given any condition makes kubectl fail at once
+    (".status.conditions accessor error: <nil> is of the type <nil>") instead of waiting;
+    that answer is asked again, every half second, until `within`. `kubectl` runs kubectl
+    with its arguments and a `within=` keyword (run_kubectl bound to a context, or
+    ControlPlane.kubectl).
+    """
+    deadline = time.monotonic() + within
+    while True:
+        left = max(1.0, deadline - time.monotonic())
+        try:
+            await kubectl(
+                "wait", "--for=condition=Established", f"--timeout={left:.0f}s", *crds,
+                within=left + 30,
+            )  # fmt: skip
+            return
+        except ControlPlaneError as exc:
+            if "accessor error" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(0.5)

@@ -38,6 +38,7 @@ from capl.testbed.capibuild import (
     base_env,
 )
 from capl.testbed.controlplane import ControlPlane, ControlPlaneError
+from capl.testbed.kubectl import wait_established
 from capl.testbed.process import run_captured
 
 log = logging.getLogger(__name__)
@@ -200,10 +201,9 @@ async def point_provider_webhooks(
             raise
         crds = sorted({n for k, n in [*existing, *wanted] if k == "CustomResourceDefinition"})
         if crds:
-            await plane.kubectl(
-                "wait", "--for=condition=Established", f"--timeout={within:.0f}s",
-                *(f"{CRD_RESOURCE}/{n}" for n in crds), within=within + 30,
-            )  # fmt: skip
+            await wait_established(
+                plane.kubectl, [f"{CRD_RESOURCE}/{n}" for n in crds], within=within
+            )
         log.info(
             "%s webhooks point at %s (%d created, %d re-pointed)",
             provider, base_url, len(to_create), len(to_replace),
@@ -301,8 +301,5 @@ async def install_cert_manager_crds(plane: ControlPlane, *, within: float = 60.0
         "-f", "-", stdin=_as_list(crds),
     )  # fmt: skip
     names = [c["metadata"]["name"] for c in crds]
-    await plane.kubectl(
-        "wait", "--for=condition=Established", f"--timeout={within:.0f}s",
-        *(f"{CRD_RESOURCE}/{n}" for n in names), within=within + 30,
-    )  # fmt: skip
+    await wait_established(plane.kubectl, [f"{CRD_RESOURCE}/{n}" for n in names], within=within)
     return names
