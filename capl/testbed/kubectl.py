@@ -10,6 +10,7 @@ manager helpers of this package.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -70,9 +71,7 @@ async def apply_and_wait_for_crds(
     )  # fmt: skip
     crds = [line.strip() for line in out.splitlines() if line.startswith(_CRD_PREFIX)]
     if crds:
-        await wait_established(
-            lambda *a, within: run_kubectl(ctx, *a, within=within), crds, within=within
-        )
+        await wait_established(functools.partial(run_kubectl, ctx), crds, within=within)
     names = [c.split("/", 1)[1] for c in crds]
     log.info("installed %d CRD(s) from %s: %s", len(names), directory, ", ".join(names))
     return names
