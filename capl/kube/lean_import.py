@@ -47,7 +47,7 @@ class _LeanPackage(types.ModuleType):
     _capl_complete: bool
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or self.__dict__.get("_capl_complete", True):
+        if self.__dict__.get("_capl_complete", True):
             raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
         complete(self)
         try:

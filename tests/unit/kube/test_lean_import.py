@@ -52,6 +52,7 @@ def test_the_whole_package_loads_on_first_use() -> None:
         import json, sys
         import capl.kube
         import kubernetes_asyncio
+        version = kubernetes_asyncio.__version__  # a dunder of the real __init__ too
         from kubernetes_asyncio import client, watch
         from kubernetes_asyncio.client import ApiClient, Configuration
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}
@@ -62,7 +63,7 @@ def test_the_whole_package_loads_on_first_use() -> None:
             "model": type(model).__name__,
             "name": model.metadata.name,
             "watch": watch.Watch.__name__,
-            "version": kubernetes_asyncio.__version__,
+            "version": version,
             "same_configuration": client.Configuration is Configuration,
         }))
         """
