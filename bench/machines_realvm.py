@@ -116,7 +116,10 @@ class BaselineVm:
     seconds: float = 0.0
 
 
-def _upload(pool: libvirt.virStoragePool, conn: libvirt.virConnect, name: str, data: bytes) -> str:
+def upload_raw_volume(
+    pool: libvirt.virStoragePool, conn: libvirt.virConnect, name: str, data: bytes
+) -> str:
+    """A raw volume `name` in `pool` holding `data`; returns its path."""
     vol = pool.createXML(
         f"<volume><name>{name}</name><capacity unit='bytes'>{len(data)}</capacity>"
         "<target><format type='raw'/></target></volume>",
@@ -160,7 +163,7 @@ def baseline_vm(
     disk = _overlay(pool, f"{name}-root.qcow2", base_path, capacity)
     iso = build_nocloud_iso(user_data=b"#cloud-config\n", instance_id=name, hostname=name)
     vm.volumes.append(f"{name}-cidata.iso")
-    cidata = _upload(pool, conn, f"{name}-cidata.iso", iso)
+    cidata = upload_raw_volume(pool, conn, f"{name}-cidata.iso", iso)
     # the same hardware capl defines (virtio disk, virtio-scsi cdrom, virtio RNG, pty serial
     # logged to a file, ...), so the comparison isolates what the controller adds
     xml = build_domain_xml(

@@ -51,6 +51,7 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from bench.machines_realvm import upload_raw_volume
 from bench.realnode_common import POLL, Timeline, new_ready_node, node_gone, node_names
 from capl.api.machine import LibvirtMachineSpec
 from capl.controllers.machine.plan import NicPlan, build_domain_spec
@@ -271,15 +272,7 @@ class KubeadmSide:
             )
             ign_name = f"{node.name}-ignition.ign"
             node.volumes.append(ign_name)
-            ign = pool.createXML(
-                f"<volume><name>{ign_name}</name><capacity unit='bytes'>{len(ignition)}"
-                "</capacity><target><format type='raw'/></target></volume>",
-                0,
-            )
-            stream = conn.newStream(0)
-            ign.upload(stream, 0, len(ignition), 0)
-            stream.send(ignition)
-            stream.finish()
+            ign_path = upload_raw_volume(pool, conn, ign_name, ignition)
             node.reserved = True
             conn.networkLookupByName(self.network).update(
                 libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
@@ -289,7 +282,7 @@ class KubeadmSide:
                 libvirt.VIR_NETWORK_UPDATE_AFFECT_LIVE | libvirt.VIR_NETWORK_UPDATE_AFFECT_CONFIG,
             )
             timeline.mark("volumes and DHCP reservation")
-            xml = self.domain_xml(node, root=str(root.path()), ignition=str(ign.path()))
+            xml = self.domain_xml(node, root=str(root.path()), ignition=ign_path)
             node.domain_created = True
             conn.createXML(xml, 0)
             timeline.mark("domain started")

@@ -14,10 +14,7 @@ started=$SECONDS
 bed_up
 nodes_up
 PY=.venv/bin/python
-if ! "$PY" -c 'import matplotlib' 2>/dev/null; then
-	.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[bench]' ||
-		die "pip install of the bench extra failed"
-fi
+bench_extra
 mkdir -p bench/results
 rm -f bench/results/realnode.json
 status=0

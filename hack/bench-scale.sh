@@ -13,10 +13,7 @@ cd "$HERE/.."
 started=$SECONDS
 bed_up
 PY=.venv/bin/python
-if ! "$PY" -c 'import matplotlib' 2>/dev/null; then
-	.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[bench]' ||
-		die "pip install of the bench extra failed"
-fi
+bench_extra
 mkdir -p bench/results
 rm -f bench/results/scaling_curve.json bench/results/steady.json
 status=0

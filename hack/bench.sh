@@ -24,11 +24,7 @@ started=$SECONDS
 bed_up
 
 PY=.venv/bin/python
-if ! "$PY" -c 'import matplotlib' 2>/dev/null; then
-	note "installing the bench extra (matplotlib) into .venv"
-	.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[bench]' ||
-		die "pip install of the bench extra failed"
-fi
+bench_extra
 
 # results of this run only: a figure missing from it must not be taken from an older run
 mkdir -p bench/results

@@ -59,6 +59,15 @@ bed_up() {
 	export CAPL_IPAM_DIR
 }
 
+# bench_extra: the bench extra of the package (matplotlib, for the plots) in .venv, once.
+bench_extra() {
+	if ! .venv/bin/python -c 'import matplotlib' 2>/dev/null; then
+		note "installing the bench extra (matplotlib) into .venv"
+		.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[bench]' ||
+			die "pip install of the bench extra failed"
+	fi
+}
+
 # nodes_up: what real nodes need (each step cached), exported for the tests and the demo:
 # CAPL_NODE_BIN (kubelet, kubeadm, containerd, Ignition...), CAPL_NODE_IMAGE (the qcow2).
 nodes_up() {
