@@ -27,7 +27,13 @@ from typing import Any
 
 import libvirt
 
-from capl.ports.errors import AlreadyExists, PoolNotFound, StorageError, Unsupported
+from capl.ports.errors import (
+    AlreadyExists,
+    PoolNotFound,
+    StorageError,
+    StorageFull,
+    Unsupported,
+)
 from capl.ports.naming import POOL_OWNER_MARKER_PREFIX, is_capl_name, pool_owner_marker
 from capl.ports.virt import ClusterOwner, PoolInfo, PoolSpec, VolumeFormat, VolumeInfo, VolumeRef
 from capl.virt.counting import remembered
@@ -296,20 +302,44 @@ def upload_bytes(
     if test_driver:
         return volume_info(volume, pool=pool_name)
     try:
-        stream = c.newStream(0)
-        try:
-            volume.upload(stream, 0, len(data), 0)
-            view = memoryview(data)
-            for offset in range(0, len(data), UPLOAD_CHUNK):
-                send_all(stream, bytes(view[offset : offset + UPLOAD_CHUNK]))
-            stream.finish()
-        except BaseException:
-            _abort(stream)
-            raise
+        _stream_into(c, volume, data)
+        info = volume_info(volume, pool=pool_name)  # the XML read re-reads the file's size
+        if info.capacity_bytes < len(data):
+            raise _short_upload(pool, info, wanted=len(data))
     except BaseException:
         retry_busy(lambda: ignore_codes(lambda: volume.delete(0), _NO_VOL))
         raise
-    return volume_info(volume, pool=pool_name)
+    return info
+
+
+def _stream_into(c: Any, volume: Any, data: bytes) -> None:
+    stream = c.newStream(0)
+    try:
+        volume.upload(stream, 0, len(data), 0)
+        view = memoryview(data)
+        for offset in range(0, len(data), UPLOAD_CHUNK):
+            send_all(stream, bytes(view[offset : offset + UPLOAD_CHUNK]))
+        stream.finish()
+    except BaseException:
+        _abort(stream)
+        raise
+
+
+def _short_upload(pool: Any, info: VolumeInfo, *, wanted: int) -> StorageError:
+    """The error for an upload whose stream finished without error but whose file is short.
+
+    libvirtd 9.0 sometimes reports success for an upload that its I/O helper could not
+    write in full (seen on a full file system: 3 MiB sent, 1 MiB stored, ``finish`` without
+    error), so the stored size is checked rather than trusted."""
+    retry_busy(lambda: pool.refresh(0))
+    available = int(pool.info()[3])
+    what = (
+        f"upload volume {info.name} to pool {info.pool}: "
+        f"{info.capacity_bytes} of {wanted} bytes stored"
+    )
+    if available < wanted - info.capacity_bytes:
+        return StorageFull(f"{what}: No space left on device ({available} bytes free)")
+    return StorageError(f"{what}: the upload stream ended early", reason="UploadTruncated")
 
 
 def send_all(stream: Any, chunk: bytes) -> None:
