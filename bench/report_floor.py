@@ -74,6 +74,7 @@ def summarize(inputs: Mapping[str, dict[str, Any] | None], summary: dict[str, An
         if f is not None:
             out["floor_source"] = f.get("source")
             out["floor_outcome_mismatches"] = f["sequential"]["replay"]["outcome_mismatches"]
+            _floor_script_cpu(f, s["machines"], out)
         others = s.get("other_layouts") or []
         if others:
             o = others[0]
@@ -108,6 +109,23 @@ def summarize(inputs: Mapping[str, dict[str, Any] | None], summary: dict[str, An
         summary["steady"]["machine"] = machine_of(st)
 
 
+FLOOR_SCRIPT = "floor script (this process)"
+
+
+def _floor_script_cpu(f: Mapping[str, Any], machines: int, out: dict[str, Any]) -> None:
+    """The floor script's own CPU per machine (the same API writes and libvirt calls made by a
+    tight Python loop, same run) and the manager's CPU against it: how much of the manager's
+    cost is the work itself, which no provider written on these libraries can avoid."""
+    for key, name in (("sequential", ""), ("concurrent", "_concurrent")):
+        seconds = ((f.get(key) or {}).get("cpu_seconds_by_process") or {}).get(FLOOR_SCRIPT)
+        if seconds is not None and machines:
+            out[f"floor_script_cpu_ms_per_machine{name}"] = round(1000 * seconds / machines, 2)
+    script = out.get("floor_script_cpu_ms_per_machine_concurrent")
+    manager = out.get("manager_cpu_ms_per_machine")
+    if script and manager is not None:
+        out["manager_cpu_ratio_to_floor_script"] = round(manager / script, 2)
+
+
 Row = Callable[[str, Any, str, str], str]
 Fmt = Callable[[Any], str]
 
@@ -134,7 +152,10 @@ def rows(summary: Mapping[str, Any], row: Row, fmt: Fmt) -> list[str]:
             f"{fmt(s.get('trace_cpu_ms_per_machine'))} ms (with it: "
             f"{fmt(s.get('manager_cpu_ms_per_machine_with_trace'))}); untraced, per size: "
             f"{', '.join(fmt(x) for x in sc.get('manager_cpu_ms_per_machine') or [])} "
-            f"(scaling curve)",
+            f"(scaling curve); the floor script's own CPU for the same work: "
+            f"{fmt(s.get('floor_script_cpu_ms_per_machine_concurrent'))} ms/machine at capl's "
+            f"concurrency ({fmt(s.get('floor_script_cpu_ms_per_machine'))} in one loop), "
+            f"the manager {fmt(s.get('manager_cpu_ratio_to_floor_script'))} times that",
             "<= 7",
         ),
         row(

@@ -139,7 +139,7 @@ def define(c: Any, host_id: HostId, spec: DomainSpec, *, absent: bool = False) -
     the name a moment ago (in the same reconcile); the two look-ups are not repeated, and
     defineXML's own refusals (a UUID known under another name, a name held by another UUID)
     stand in for them in a race."""
-    xml = build_domain_xml(spec)  # validates the spec before any call
+    xml = build_domain_xml(spec, pretty=False)  # validates the spec before any call
     existing = None if absent else checked(c, spec.uuid, spec.owner)
     if existing is not None:
         if not existing.autostart():
@@ -190,7 +190,7 @@ def define_and_start(
         info = start(c, host_id, spec.uuid, spec.owner, defined=info)
         running = info.state is DomainState.RUNNING
         return info, (domain_addresses(c, spec.uuid) if running else [])
-    xml = build_domain_xml(spec)  # validates the spec before any call
+    xml = build_domain_xml(spec, pretty=False)  # validates the spec before any call
     domain = c.defineXML(xml)
     info = _defined(domain, host_id, spec)
     if on_defined is not None:

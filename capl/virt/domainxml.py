@@ -280,7 +280,9 @@ def _devices(root: ET.Element, spec: DomainSpec, drivers: Mapping[str, PoolDrive
     sub(devices, "memballoon", model="virtio")
 
 
-def build_domain_xml(spec: DomainSpec, *, drivers: Mapping[str, PoolDriver] = POOL_DRIVERS) -> str:
+def build_domain_xml(
+    spec: DomainSpec, *, drivers: Mapping[str, PoolDriver] = POOL_DRIVERS, pretty: bool = True
+) -> str:
     """The domain definition of ``spec``; ``drivers``: the pool drivers by pool type, which
     write each disk's source (tests pass others)."""
     if spec.vcpus < 1:
@@ -295,7 +297,7 @@ def build_domain_xml(spec: DomainSpec, *, drivers: Mapping[str, PoolDriver] = PO
     _platform(root, spec)
     _devices(root, spec, drivers)
     apply_hardware(root, spec.hardware)  # CPU, devices, TPM, secure boot; XML patches last
-    return serialize(root)
+    return serialize(root, pretty=pretty)
 
 
 def disk_device_xml(
