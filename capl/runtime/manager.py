@@ -37,7 +37,7 @@ from capl.runtime.events import EventRecorder, default_instance
 from capl.runtime.handlers import PRIMARY_DEFAULT_PREDICATES, Predicate
 from capl.runtime.informer import Cache, InformerOptions
 from capl.runtime.leaderelection import LeaderElectionConfig, LeaderElector, default_identity
-from capl.runtime.metrics import RuntimeMetrics
+from capl.runtime.metrics import EventCollector, RuntimeMetrics
 from capl.runtime.objects import WATCH_FILTER_LABEL, ObjectKey
 from capl.runtime.resources import EVENT, LEASE, Resource
 from capl.runtime.serving import Check, Server, health_app, metrics_app, parse_bind_address
@@ -125,6 +125,7 @@ class Manager:
             instance=default_instance(),
             clock=self.clock,
         )
+        self.metrics.register_collector(EventCollector(self.recorder))
         self.identity = options.identity or default_identity()
         self.elector: LeaderElector | None = None
         if options.leader_elect:

@@ -14,6 +14,9 @@ and labels follow controller-runtime so existing dashboards work:
   from `RequestStats`, which also keeps in-process counters (per object when asked) that tests and
   benchmarks read directly.
 - leader_election_master_status{name}
+- capl_events_total{result}: Events written, aggregated into an existing Event's count, or
+  dropped because the recorder's queue was full (bounded like client-go's broadcaster; a
+  burst of thousands of new machines drops some of their Events)
 """
 
 from __future__ import annotations
@@ -214,6 +217,33 @@ class _QueueCollector:
         yield depth
         yield unfinished
         yield longest
+
+
+class EventCounts(Protocol):
+    """What an event recorder has done so far (``capl.runtime.events.EventRecorder``)."""
+
+    written: int
+    aggregated: int
+    dropped: int
+
+
+class EventCollector:
+    """``capl_events_total{result}``, read from an event recorder at scrape time."""
+
+    def __init__(self, recorder: EventCounts) -> None:
+        self.recorder = recorder
+
+    def describe(self) -> Iterable[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        family = CounterMetricFamily(
+            "capl_events", "Kubernetes Events by what became of them", labels=["result"]
+        )
+        family.add_metric(["written"], self.recorder.written)
+        family.add_metric(["aggregated"], self.recorder.aggregated)
+        family.add_metric(["dropped"], self.recorder.dropped)
+        yield family
 
 
 class RuntimeMetrics:

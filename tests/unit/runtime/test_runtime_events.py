@@ -5,6 +5,7 @@ from __future__ import annotations
 from capl.runtime.clock import FakeClock
 from capl.runtime.errors import ApiError
 from capl.runtime.events import EventRecorder
+from capl.runtime.metrics import EventCollector, RuntimeMetrics
 from capl.runtime.resources import EVENT
 from tests.fixtures.runtime import FakeApi, FakeClient
 
@@ -73,3 +74,21 @@ async def test_deleted_event_is_recreated() -> None:
     await rec.flush()
     assert [e["count"] for e in api.objects[EVENT].values()] == [1]
     await rec.close()
+
+
+async def test_events_beyond_the_queue_are_dropped_and_counted_in_metrics() -> None:
+    api = FakeApi()
+    rec = EventRecorder(
+        FakeClient(api).resource(EVENT), clock=FakeClock(), instance="h", max_pending=2
+    )
+    metrics = RuntimeMetrics()
+    metrics.register_collector(EventCollector(rec))
+    for i in range(4):  # nothing is written before the first await: two fit, two do not
+        rec.event({**OBJ, "metadata": {**OBJ["metadata"], "name": f"m{i}"}}, "Normal", "R", "m")
+    rec.event({**OBJ, "metadata": {**OBJ["metadata"], "name": "m0"}}, "Normal", "R", "m")
+    await rec.flush()
+    assert (rec.written, rec.dropped) == (2, 3)
+    text = metrics.exposition().decode()
+    assert 'capl_events_total{result="written"} 2.0' in text
+    assert 'capl_events_total{result="dropped"} 3.0' in text
+    assert 'capl_events_total{result="aggregated"} 0.0' in text
