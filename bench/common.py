@@ -113,13 +113,25 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 LOAD_AT_START = [round(x, 2) for x in os.getloadavg()]
-"""The machine's load when this benchmark process started (before its own load)."""
+"""The machine's load when this benchmark process started (before its own load, not before
+the benchmarks run before it by the same `make bench`)."""
+
+
+def run_load() -> list[float] | None:
+    """The load when the whole run (`make bench`...) started, before its own work: what
+    says whether other work shared the machine (set by hack/bench*.sh)."""
+    text = os.environ.get("CAPL_BENCH_RUN_LOADAVG", "")
+    try:
+        return [float(x) for x in text.split()] or None
+    except ValueError:
+        return None
 
 
 def machine_description() -> dict[str, Any]:
     load = os.getloadavg()
     return {
         "loadavg_at_start": LOAD_AT_START,
+        "loadavg_at_run_start": run_load(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "libvirt": _libvirt_version(),

@@ -30,8 +30,11 @@ measured under load (other work on the machine: the benchmark's own load starts 
 
 
 def machine_of(data: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The machine a figure was measured on; ``under_load`` from the load when the whole run
+    started (before its own work) where known, else when the benchmark started (which also
+    holds the decay of the benchmark run before it)."""
     machine = dict((data or {}).get("machine") or {})
-    start = machine.get("loadavg_at_start")
+    start = machine.get("loadavg_at_run_start") or machine.get("loadavg_at_start")
     if start and machine.get("cpus"):
         machine["under_load"] = start[0] / machine["cpus"] > LOADED
     return machine
@@ -46,6 +49,9 @@ def machine_line(machine: Mapping[str, Any]) -> str:
         f"{machine.get('libvirt', '?')}, Python {machine.get('python', '?')}, loadavg at start "
         f"{' '.join(str(x) for x in load) or '?'}"
     )
+    run = machine.get("loadavg_at_run_start")
+    if run:
+        text += f" (at the start of the whole run, before its own work: {' '.join(map(str, run))})"
     if machine.get("under_load"):
         text += " — MEASURED UNDER LOAD (other work on the machine)"
     return text
