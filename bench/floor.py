@@ -176,6 +176,8 @@ class ReplayStats:
     outcome_mismatches: int = 0
     skipped: int = 0
     mismatched_methods: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    mismatch_errors: list[str] = field(default_factory=list)
+    """The first few errors of calls that failed here but not in capl's run (diagnosis)."""
 
     def add(self, other: ReplayStats) -> None:
         self.calls += other.calls
@@ -184,6 +186,7 @@ class ReplayStats:
         self.skipped += other.skipped
         for k, v in other.mismatched_methods.items():
             self.mismatched_methods[k] += v
+        self.mismatch_errors.extend(other.mismatch_errors[: 5 - len(self.mismatch_errors)])
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -191,6 +194,7 @@ class ReplayStats:
             "extra_lookups": self.extra_lookups,
             "outcome_mismatches": self.outcome_mismatches,
             "outcome_mismatches_by_method": dict(sorted(self.mismatched_methods.items())),
+            "mismatch_errors": list(self.mismatch_errors),
             "skipped": self.skipped,
         }
 
@@ -243,17 +247,20 @@ class Session:
         if _has_callable(call.args):
             self.stats.skipped += 1
             return
-        failed = False
+        error: Exception | None = None
         result: Any = None
         try:
             target = self.resolve(call.on)
             result = getattr(target, attr)(*self.decode(call.args))
-        except (libvirt.libvirtError, KeyError):  # KeyError: an object capl got elsewhere
-            failed = True
+        except (libvirt.libvirtError, KeyError) as exc:  # KeyError: an object capl got elsewhere
+            error = exc
+        failed = error is not None
         self.stats.calls += 1
         if failed != call.failed:
             self.stats.outcome_mismatches += 1
             self.stats.mismatched_methods[call.method] += 1
+            if error is not None and len(self.stats.mismatch_errors) < 5:
+                self.stats.mismatch_errors.append(f"{call.method}: {error}"[:300])
         if not failed:
             self._keep(call.result, result)
 

@@ -79,7 +79,11 @@ def summarize(inputs: Mapping[str, dict[str, Any] | None], summary: dict[str, An
         out["floor_machines_per_s_concurrent"] = s.get("floor_machines_per_s_concurrent")
         if f is not None:
             out["floor_source"] = f.get("source")
-            out["floor_outcome_mismatches"] = f["sequential"]["replay"]["outcome_mismatches"]
+            out["floor_outcome_mismatches"] = sum(  # both passes, their set-up included
+                (f.get(run) or {}).get(part, {}).get("outcome_mismatches", 0)
+                for run in ("sequential", "concurrent")
+                for part in ("replay", "setup_replay")
+            )
             _floor_script_cpu(f, s["machines"], out)
         others = s.get("other_layouts") or []
         if others:
