@@ -65,6 +65,7 @@ class _Agent:
     def __init__(self) -> None:
         self.state = GuestFileState.ABSENT
         self.asked = 0
+        self.console = CONSOLE
 
 
 async def test_timed_out_then_succeeded_with_a_scripted_agent(
@@ -83,7 +84,7 @@ async def test_timed_out_then_succeeded_with_a_scripted_agent(
         self: LibvirtHost, *, pool: str, name: str, limit: int
     ) -> VolumeTail | None:
         assert name.endswith("-console.log")
-        return VolumeTail(data=CONSOLE, offset=0)
+        return VolumeTail(data=agent.console, offset=0)
 
     monkeypatch.setattr(LibvirtHost, "read_guest_file", read_guest_file)
     monkeypatch.setattr(LibvirtHost, "read_volume_tail", read_volume_tail)
@@ -127,6 +128,21 @@ async def test_timed_out_then_succeeded_with_a_scripted_agent(
     for text in (str(obj), str(event)):
         assert TOKEN not in text
         assert CERT_KEY not in text
+
+    # what the guest prints after the deadline reaches the message; no second event
+    agent.console = CONSOLE + b"[  700.000000] kubeadm: still trying, --token " + TOKEN.encode()
+    obj = await harness.wait_for(
+        LIBVIRT_MACHINE,
+        m.name,
+        lambda o: str(condition(o, c.ConditionType.BOOTSTRAP_SUCCEEDED, "message")).endswith(
+            "kubeadm: still trying, --token [redacted]"
+        ),
+        within=30,
+        what="the message following the console after the timeout",
+    )
+    assert TOKEN not in str(obj)
+    (event,) = await warnings()
+    assert event.get("count", 1) == 1
 
     agent.state = GuestFileState.PRESENT
     obj = await harness.wait_for(

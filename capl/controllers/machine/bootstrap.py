@@ -18,7 +18,9 @@ the cloud-init or Ignition run) finished. capl reads that file through qemu-gues
   (``Host.read_volume_tail``), **redacted** (``redact``): bootstrap tokens, ``kubeadm``
   certificate keys, PEM blocks, JWTs, ``token:``/``password:`` values and long random
   base64 never reach a condition, an event or a log. Polling goes on slowly
-  (``slow_poll``): a late success still turns it True.
+  (``slow_poll``): a late success still turns it True, and the message's console lines are
+  read again each time (what the guest printed after the deadline; the event is not
+  repeated).
 
 Guests without an agent get no condition at all: an agent that is not connected or does not
 answer is asked again every ``poll`` seconds until the timeout and then no more; a driver
@@ -438,16 +440,19 @@ class BootstrapWatcher:
         memory: BootstrapMemory,
         condition: Mapping[str, Any] | None,
     ) -> None:
-        """BootstrapTimedOut with the console tail, read once (the condition keeps it), and
-        one Warning event."""
-        if condition is not None and condition.get("reason") == c.Reason.BOOTSTRAP_TIMED_OUT:
-            return  # reported already (by this process or before a restart)
+        """BootstrapTimedOut with the console tail, and one Warning event. The tail is read
+        again at every slow poll while the condition stays so: the message follows what the
+        guest prints after the deadline (a slow guest may reach kubeadm only then; an
+        unchanged tail writes nothing), the event and the log line stay one."""
+        reported = condition is not None and condition.get("reason") == c.Reason.BOOTSTRAP_TIMED_OUT
         tail, why = await self._console_tail(subject)
         options = self.options
         message = timed_out_message(
             tail, options=options, why_no_tail=why, max_bytes=options.tail_bytes + 512
         )
         self._set(subject, False, c.Reason.BOOTSTRAP_TIMED_OUT, message)
+        if reported:
+            return  # by this process or before a restart: no second event
         log.warning("bootstrap timed out", timeout=options.timeout, console_lines=len(tail or ()))
         if not memory.warned:
             memory.warned = True

@@ -420,7 +420,7 @@ async def test_node_ref_turns_a_waiting_condition_true_without_asking() -> None:
     assert len(bed.host.file_reads) == 1
 
 
-async def test_timeout_reports_the_redacted_console_tail_once() -> None:
+async def test_timeout_reports_the_redacted_console_tail_and_warns_once() -> None:
     noise = "".join(f"[ {i:4d}.000] boot noise\n" for i in range(2000))
     log = (noise + KUBEADM_INIT + PEM + "\nkubelet: waiting for the API server\n").encode()
     bed = _Bed(_Host(GuestFileState.ABSENT, log=log))
@@ -446,12 +446,23 @@ async def test_timeout_reports_the_redacted_console_tail_once() -> None:
         assert (name, type_, reason) == ("m1", "Warning", c.Reason.BOOTSTRAP_TIMED_OUT)
         assert len(message) <= MAX_MESSAGE
         assert message.endswith("kubelet: waiting for the API server")
-        # later checks: slow polling, no second event, the tail is not read again
+        # later checks: slow polling, the tail read again each time (the message follows
+        # the console), no second event and no second warning line
         for _ in range(3):
             bed.clock.advance(60)
             assert await bed.observe() == 60
         assert len(bed.recorder.events) == 1
-        assert len(bed.host.tail_reads) == 1
+        assert len(bed.host.tail_reads) == 4
+        assert bed.condition() == cond  # the same console: the same condition
+        bed.host.log = log + b"[ 1300.000] kubeadm: error execution phase preflight\n"
+        bed.clock.advance(60)
+        assert await bed.observe() == 60
+        later = bed.condition()
+        assert later is not None
+        assert later["message"].endswith("kubeadm: error execution phase preflight")
+        assert later["lastTransitionTime"] == cond["lastTransitionTime"]
+        assert len(bed.recorder.events) == 1
+        assert sum(e["event"] == "bootstrap timed out" for e in logs) == 1
     for text in (cond["message"], message, repr(logs)):
         _clean(text)
     # a restarted manager (new memory) sees the condition and does not warn again
