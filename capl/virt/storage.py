@@ -328,9 +328,9 @@ def _stream_into(c: Any, volume: Any, data: bytes) -> None:
 def _short_upload(pool: Any, info: VolumeInfo, *, wanted: int) -> StorageError:
     """The error for an upload whose stream finished without error but whose file is short.
 
-    libvirtd 9.0 sometimes reports success for an upload that its I/O helper could not
+    libvirtd 9.0 under load sometimes reports success for an upload its stream did not
     write in full (seen on a full file system: 3 MiB sent, 1 MiB stored, ``finish`` without
-    error), so the stored size is checked rather than trusted."""
+    error; not reproduced on demand), so the stored size is checked rather than trusted."""
     retry_busy(lambda: pool.refresh(0))
     available = int(pool.info()[3])
     what = (
