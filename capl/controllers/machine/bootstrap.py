@@ -6,28 +6,32 @@ the cloud-init or Ignition run) finished. capl reads that file through qemu-gues
 (``Host.read_guest_file``: no SSH, no network) and reports it on the LibvirtMachine:
 
 - ``BootstrapSucceeded=True`` (reason ``BootstrapSucceeded``): the file is there, or the
-  Machine got a nodeRef (its Node joined) after the condition had appeared. Then the
+  Machine got a nodeRef (its Node joined) on a domain with the agent channel. Then the
   machine is never asked again (remembered per machine; after a restart the True condition
   says it).
 - ``False``, ``WaitingForBootstrap``: the agent answers and the file is not there yet.
   Requeued every ``poll`` seconds (never sooner: a reconcile in between is told how long
   is left, so a settled machine does not stop the polling either).
-- ``False``, ``BootstrapTimedOut``: still no file ``timeout`` seconds after the domain
-  started (``--bootstrap-timeout``). The message and one Warning event carry the last lines
-  of the machine's serial console log, read from the host through libvirt's storage API
-  (``Host.read_volume_tail``), **redacted** (``redact``): bootstrap tokens, ``kubeadm``
-  certificate keys, PEM blocks, JWTs, ``token:``/``password:`` values and long random
-  base64 never reach a condition, an event or a log. Polling goes on slowly
+- ``False``, ``BootstrapTimedOut``: still no file (or no answer from the agent) ``timeout``
+  seconds after the domain started (``--bootstrap-timeout``). The message and one Warning
+  event carry the last lines of the machine's serial console log, read from the host through
+  libvirt's storage API (``Host.read_volume_tail``), **redacted** (``redact``): bootstrap
+  tokens, ``kubeadm`` certificate keys, PEM blocks, JWTs, ``token:``/``password:`` values
+  and long random base64 never reach a condition, an event or a log. Polling goes on slowly
   (``slow_poll``): a late success still turns it True, and the message's console lines are
   read again each time (what the guest printed after the deadline; the event is not
   repeated).
 
-Guests without an agent get no condition at all: an agent that is not connected or does not
-answer is asked again every ``poll`` seconds until the timeout and then no more; a driver
-or domain without agent support (the libvirt test driver, a domain without the agent
-channel, an agent that refuses file commands) is not asked again. Once the agent answered
-(the condition exists), a silent agent at the deadline counts as a timeout. The condition is
-not part of Ready: Ready says the infrastructure is there, bootstrap is the guest's part.
+An agent that is not connected or does not answer (yet: a TCG guest on a busy host may
+take minutes to start it) adds no condition and is asked again every ``poll`` seconds; at
+the deadline a silent agent is a timeout like a missing file (capl's domains have the
+agent channel, so an image without the agent is told so, with the console tail), and it
+is asked slowly from then on. A Machine whose Node joined (nodeRef) is True: said without
+asking when the condition is there; asked once when it is not, because a driver or domain
+without agent support (the libvirt test driver, a domain without the agent channel, an
+agent that refuses file commands) gets no condition at all and is not asked again. The
+condition is not part of Ready: Ready says the infrastructure is there, bootstrap is the
+guest's part.
 
 When did the domain start? The earlier of the lastTransitionTimes of DomainProvisioned=True
 and of BootstrapSucceeded=False (kept while it stays False): both live in the object, so a
@@ -226,7 +230,14 @@ class Decision:
     """Never ask this machine's agent again (in this process)."""
     requeue_after: float | None = None
     reason_text: str = ""
-    """SUCCEEDED: how it is known."""
+    """SUCCEEDED: how it is known; TIMED_OUT: what the agent said (``NOT_THERE``,
+    ``AGENT_SILENT``)."""
+
+
+NOT_THERE: Final = f"{SUCCESS_FILE} is not in the guest"
+AGENT_SILENT: Final = (
+    "the guest agent does not answer (is qemu-guest-agent in the image and running?)"
+)
 
 
 def _duration(seconds: float) -> str:
@@ -261,18 +272,21 @@ def started_at(obj: Obj) -> float | None:
 
 def settled(condition: Mapping[str, Any] | None, *, node_joined: bool) -> Decision | None:
     """The decision that needs no question to the agent, or None: True already, or the
-    Machine has a nodeRef (True if the condition is there; no condition appears for it)."""
+    Machine has a nodeRef while the condition is there (a machine without the condition is
+    asked once: a domain without agent support gets none, see ``decide``)."""
     if condition is not None and condition.get("status") == "True":
         return Decision(verdict=Verdict.KEEP, stop=True)
-    if node_joined:
-        if condition is None:
-            return Decision(verdict=Verdict.KEEP, stop=True)
-        return Decision(
-            verdict=Verdict.SUCCEEDED,
-            stop=True,
-            reason_text="the Machine's Node joined the cluster (nodeRef)",
-        )
+    if node_joined and condition is not None:
+        return _joined()
     return None
+
+
+def _joined() -> Decision:
+    return Decision(
+        verdict=Verdict.SUCCEEDED,
+        stop=True,
+        reason_text="the Machine's Node joined the cluster (nodeRef)",
+    )
 
 
 def decide(
@@ -282,6 +296,7 @@ def decide(
     started: float,
     now: float,
     options: BootstrapOptions,
+    node_joined: bool = False,
 ) -> Decision:
     """What the agent's answer means for the condition (see the module docstring)."""
     if state is GuestFileState.PRESENT:
@@ -292,17 +307,15 @@ def decide(
         )
     if state is GuestFileState.UNSUPPORTED:
         return Decision(verdict=Verdict.KEEP, stop=True)
-    seen = condition is not None  # the agent answered before
-    overdue = now - started >= options.timeout
-    if state is GuestFileState.ABSENT or seen:
-        if not overdue:
-            waiting = Verdict.WAITING if state is GuestFileState.ABSENT else Verdict.KEEP
-            return Decision(verdict=waiting, requeue_after=options.poll)
-        return Decision(verdict=Verdict.TIMED_OUT, requeue_after=options.slow_poll)
-    # AGENT_UNAVAILABLE and never answered: maybe still booting, maybe no agent at all
-    if overdue:
-        return Decision(verdict=Verdict.KEEP, stop=True)
-    return Decision(verdict=Verdict.KEEP, requeue_after=options.poll)
+    if node_joined:  # an agent that is there, silent or not: the Node is the proof
+        return _joined()
+    if now - started < options.timeout:
+        if state is GuestFileState.ABSENT:
+            return Decision(verdict=Verdict.WAITING, requeue_after=options.poll)
+        return Decision(verdict=Verdict.KEEP, requeue_after=options.poll)  # still booting?
+    # overdue: the file is not there, or the agent (the domain has its channel) is silent
+    seen = NOT_THERE if state is GuestFileState.ABSENT else AGENT_SILENT
+    return Decision(verdict=Verdict.TIMED_OUT, requeue_after=options.slow_poll, reason_text=seen)
 
 
 def waiting_message(options: BootstrapOptions) -> str:
@@ -313,13 +326,19 @@ def waiting_message(options: BootstrapOptions) -> str:
 
 
 def timed_out_message(
-    tail: list[str] | None, *, options: BootstrapOptions, why_no_tail: str, max_bytes: int
+    tail: list[str] | None,
+    *,
+    options: BootstrapOptions,
+    why_no_tail: str,
+    max_bytes: int,
+    seen: str = NOT_THERE,
 ) -> str:
-    """The BootstrapTimedOut message: what happened, then the (redacted) console tail,
-    the whole at most ``max_bytes`` (the tail gives way: its newest lines are kept)."""
+    """The BootstrapTimedOut message: what happened (``seen``: what the agent said), then
+    the (redacted) console tail, the whole at most ``max_bytes`` (the tail gives way: its
+    newest lines are kept)."""
     head = (
         f"bootstrap did not finish within {_duration(options.timeout)} of the domain's "
-        f"start: {SUCCESS_FILE} is not in the guest"
+        f"start: {seen}"
     )
     if not tail:
         return f"{head}; {why_no_tail}"
@@ -412,6 +431,7 @@ class BootstrapWatcher:
             started=started_at(subject.obj) or memory.first_seen,
             now=self.clock.wall(),
             options=self.options,
+            node_joined=subject.node_joined,
         )
         return await self._apply(subject, memory, decision, condition)
 
@@ -428,7 +448,7 @@ class BootstrapWatcher:
         elif decision.verdict is Verdict.WAITING:
             self._set(subject, False, c.Reason.WAITING_FOR_BOOTSTRAP, waiting_message(options))
         elif decision.verdict is Verdict.TIMED_OUT:
-            await self._timed_out(subject, memory, condition)
+            await self._timed_out(subject, memory, condition, seen=decision.reason_text)
         memory.done = decision.stop
         if decision.requeue_after is not None:
             memory.next_check = self.clock.now() + decision.requeue_after
@@ -439,6 +459,8 @@ class BootstrapWatcher:
         subject: BootstrapSubject,
         memory: BootstrapMemory,
         condition: Mapping[str, Any] | None,
+        *,
+        seen: str,
     ) -> None:
         """BootstrapTimedOut with the console tail, and one Warning event. The tail is read
         again at every slow poll while the condition stays so: the message follows what the
@@ -448,7 +470,7 @@ class BootstrapWatcher:
         tail, why = await self._console_tail(subject)
         options = self.options
         message = timed_out_message(
-            tail, options=options, why_no_tail=why, max_bytes=options.tail_bytes + 512
+            tail, options=options, why_no_tail=why, max_bytes=options.tail_bytes + 512, seen=seen
         )
         self._set(subject, False, c.Reason.BOOTSTRAP_TIMED_OUT, message)
         if reported:
@@ -456,7 +478,9 @@ class BootstrapWatcher:
         log.warning("bootstrap timed out", timeout=options.timeout, console_lines=len(tail or ()))
         if not memory.warned:
             memory.warned = True
-            event = timed_out_message(tail, options=options, why_no_tail=why, max_bytes=MAX_MESSAGE)
+            event = timed_out_message(
+                tail, options=options, why_no_tail=why, max_bytes=MAX_MESSAGE, seen=seen
+            )
             self.recorder.event(subject.obj, "Warning", c.Reason.BOOTSTRAP_TIMED_OUT, event)
 
     async def _console_tail(self, subject: BootstrapSubject) -> tuple[list[str] | None, str]:

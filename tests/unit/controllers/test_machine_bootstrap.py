@@ -16,6 +16,8 @@ import structlog
 
 from capl.api import constants as c
 from capl.controllers.machine.bootstrap import (
+    AGENT_SILENT,
+    NOT_THERE,
     SUCCESS_FILE,
     BootstrapMemory,
     BootstrapOptions,
@@ -209,9 +211,10 @@ TRUE = {"type": "BootstrapSucceeded", "status": "True", "reason": "BootstrapSucc
         (GuestFileState.ABSENT, WAITING, 1200, Verdict.TIMED_OUT, False, 60),
         (GuestFileState.ABSENT, None, 1300, Verdict.TIMED_OUT, False, 60),
         (GuestFileState.ABSENT, TIMED_OUT, 5000, Verdict.TIMED_OUT, False, 60),
-        # no agent (yet): no condition; asked until the deadline, then never again
+        # no agent (yet): no condition until the deadline, then a timeout, asked slowly
         (GuestFileState.AGENT_UNAVAILABLE, None, 5, Verdict.KEEP, False, 15),
-        (GuestFileState.AGENT_UNAVAILABLE, None, 1200, Verdict.KEEP, True, None),
+        (GuestFileState.AGENT_UNAVAILABLE, None, 1200, Verdict.TIMED_OUT, False, 60),
+        (GuestFileState.AGENT_UNAVAILABLE, TIMED_OUT, 5000, Verdict.TIMED_OUT, False, 60),
         # the agent answered before and is silent now: the condition stays, then times out
         (GuestFileState.AGENT_UNAVAILABLE, WAITING, 5, Verdict.KEEP, False, 15),
         (GuestFileState.AGENT_UNAVAILABLE, WAITING, 1200, Verdict.TIMED_OUT, False, 60),
@@ -243,9 +246,38 @@ def test_settled_needs_no_question_to_the_agent() -> None:
     assert joined is not None
     assert (joined.verdict, joined.stop) == (Verdict.SUCCEEDED, True)
     assert "nodeRef" in joined.reason_text
-    quiet = settled(None, node_joined=True)  # no agent ever answered: no condition appears
-    assert quiet is not None
-    assert (quiet.verdict, quiet.stop) == (Verdict.KEEP, True)
+    # no condition yet: the agent is asked once (a domain without agent support gets none)
+    assert settled(None, node_joined=True) is None
+
+
+@pytest.mark.parametrize(
+    ("state", "verdict"),
+    [
+        (GuestFileState.PRESENT, Verdict.SUCCEEDED),
+        (GuestFileState.ABSENT, Verdict.SUCCEEDED),
+        (GuestFileState.AGENT_UNAVAILABLE, Verdict.SUCCEEDED),  # a slow or absent agent
+        (GuestFileState.UNSUPPORTED, Verdict.KEEP),  # the test driver: no condition
+    ],
+)
+def test_a_joined_node_without_the_condition(state: GuestFileState, verdict: Verdict) -> None:
+    decision = decide(state=state, condition=None, started=1000.0, now=1005.0,
+                      options=OPTIONS, node_joined=True)  # fmt: skip
+    assert (decision.verdict, decision.stop, decision.requeue_after) == (verdict, True, None)
+
+
+def test_timeout_says_what_the_agent_said() -> None:
+    absent = decide(state=GuestFileState.ABSENT, condition=WAITING, started=0.0, now=1200.0,
+                    options=OPTIONS)  # fmt: skip
+    silent = decide(state=GuestFileState.AGENT_UNAVAILABLE, condition=None, started=0.0,
+                    now=1200.0, options=OPTIONS)  # fmt: skip
+    assert absent.reason_text == NOT_THERE
+    assert silent.reason_text == AGENT_SILENT
+    message = timed_out_message(None, options=OPTIONS, why_no_tail="no log", max_bytes=4096,
+                                seen=silent.reason_text)  # fmt: skip
+    assert message == (
+        "bootstrap did not finish within 20m of the domain's start: the guest agent does not "
+        "answer (is qemu-guest-agent in the image and running?); no log"
+    )
 
 
 def test_started_at_is_the_earlier_of_the_two_conditions() -> None:
@@ -339,8 +371,8 @@ class _Bed:
         return get_condition(self.obj, c.ConditionType.BOOTSTRAP_SUCCEEDED)
 
 
-async def test_no_agent_gets_no_condition_and_stops_at_the_deadline() -> None:
-    bed = _Bed(_Host(GuestFileState.AGENT_UNAVAILABLE))
+async def test_a_silent_agent_is_a_timeout_at_the_deadline_then_asked_slowly() -> None:
+    bed = _Bed(_Host(GuestFileState.AGENT_UNAVAILABLE, log=b"[  OK  ] Reached target Basic\n"))
     assert await bed.observe() == 15
     assert bed.condition() is None
     bed.clock.advance(5)
@@ -348,16 +380,42 @@ async def test_no_agent_gets_no_condition_and_stops_at_the_deadline() -> None:
     assert len(bed.host.file_reads) == 1
     for _ in range(200):
         bed.clock.advance(15)
-        if await bed.observe() is None:
+        if await bed.observe() == 60:
             break
-    assert bed.condition() is None
     asked = len(bed.host.file_reads)
     assert asked == 1200 // 15 + 1
-    bed.clock.advance(3600)
-    assert await bed.observe() is None
-    assert len(bed.host.file_reads) == asked
-    assert bed.host.tail_reads == []
-    assert bed.recorder.events == []
+    cond = bed.condition()
+    assert cond is not None
+    assert (cond["status"], cond["reason"]) == ("False", c.Reason.BOOTSTRAP_TIMED_OUT)
+    assert AGENT_SILENT in cond["message"]
+    assert cond["message"].endswith("Reached target Basic")
+    assert [e[2] for e in bed.recorder.events] == [c.Reason.BOOTSTRAP_TIMED_OUT]
+    bed.clock.advance(60)
+    assert await bed.observe() == 60
+    assert len(bed.host.file_reads) == asked + 1
+    # the guest finally joins: True, never asked again
+    bed.clock.advance(60)
+    assert await bed.observe(node_joined=True) is None
+    cond = bed.condition()
+    assert cond is not None
+    assert cond["status"] == "True"
+    assert "nodeRef" in cond["message"]
+    assert len(bed.recorder.events) == 1
+
+
+async def test_a_node_that_joins_before_the_agent_answers_is_true() -> None:
+    bed = _Bed(_Host(GuestFileState.AGENT_UNAVAILABLE))
+    assert await bed.observe() == 15
+    assert bed.condition() is None
+    bed.clock.advance(15)
+    assert await bed.observe(node_joined=True) is None
+    cond = bed.condition()
+    assert cond is not None
+    assert (cond["status"], cond["reason"]) == ("True", c.Reason.BOOTSTRAP_SUCCEEDED)
+    assert len(bed.host.file_reads) == 2
+    bed.clock.advance(600)
+    assert await bed.observe(node_joined=True) is None
+    assert len(bed.host.file_reads) == 2
 
 
 async def test_unsupported_driver_is_asked_once() -> None:
