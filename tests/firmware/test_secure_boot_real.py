@@ -26,7 +26,8 @@ import pytest
 
 from capl.ports.naming import machine_names
 from capl.ports.virt import DiskSpec, DomainHardware, DomainSpec, Firmware, VolumeFormat
-from tests.fixtures.libvirt import record_timing, wait_for
+from tests.fixtures.guest import wait_for
+from tests.fixtures.libvirt import record_timing
 from tests.libvirtd.test_virt_real_domains import (  # noqa: F401 - fixtures
     Bed,
     _machine,

@@ -10,7 +10,8 @@ import libvirt
 import pytest
 
 from capl.testing.objects import random_mac
-from tests.fixtures.libvirt import LibvirtBed, guest_domain_xml, ignition_config, parse_markers
+from tests.fixtures.guest import guest_domain_xml, ignition_config, parse_markers
+from tests.fixtures.libvirt import LibvirtBed
 
 SERIAL_LOG = """\
 CAPL-GUEST: boot

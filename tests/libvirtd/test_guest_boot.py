@@ -1,7 +1,7 @@
 """The test guest boots on the real libvirtd (domain type `qemu`, TCG) and does what the
 controllers' tests rely on: Ignition over fw_cfg, cloud-init NoCloud, hostname, SMBIOS uuid,
 a DHCP lease, a console shell, and ACPI shutdown. The serial protocol is documented in
-tests/fixtures/libvirt.py and hack/guest/init."""
+tests/fixtures/guest.py and hack/guest/init."""
 
 from __future__ import annotations
 
@@ -15,15 +15,8 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from tests.fixtures.libvirt import (
-    Guest,
-    LibvirtBed,
-    ignition_config,
-    make_cidata_iso,
-    record_timing,
-    serial_log_of,
-    wait_for,
-)
+from tests.fixtures.guest import ignition_config, make_cidata_iso, serial_log_of, wait_for
+from tests.fixtures.libvirt import Guest, LibvirtBed, record_timing
 
 pytestmark = [pytest.mark.libvirtd, pytest.mark.guest]
 

@@ -18,7 +18,8 @@ import pytest
 
 from capl.ports.naming import machine_mac, machine_names
 from capl.ports.virt import CpuSpec, DiskSpec, DomainHardware, DomainSpec, ImageFromPath, NicSpec
-from tests.fixtures.libvirt import record_timing, wait_for_marker
+from tests.fixtures.guest import wait_for_marker
+from tests.fixtures.libvirt import record_timing
 from tests.libvirtd.test_virt_real_domains import (  # noqa: F401 - fixtures
     MIB,
     Bed,

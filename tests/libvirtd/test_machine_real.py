@@ -40,12 +40,8 @@ from capl.testing.harness import ClusterObjects, ControllerHarness
 from capl.testing.objects import condition
 from tests.controllers.conftest import harness, leftovers
 from tests.fixtures.common import require_part
-from tests.fixtures.libvirt import (
-    GuestMarker,
-    ignition_config,
-    read_markers,
-    record_timing,
-)
+from tests.fixtures.guest import GuestMarker, ignition_config, read_markers
+from tests.fixtures.libvirt import record_timing
 
 __all__ = ["harness"]  # fixtures used by this module
 

@@ -48,7 +48,8 @@ from capl.ports.virt import (
 )
 from capl.virt import LibvirtHost, LibvirtHosts
 from tests.fixtures.common import eventually
-from tests.fixtures.libvirt import ignition_config, record_timing, wait_for_marker
+from tests.fixtures.guest import ignition_config, wait_for_marker
+from tests.fixtures.libvirt import record_timing
 from tests.fixtures.libvirt_direct import remove_domain, remove_network, remove_pool
 from tests.fixtures.virt import EventRecorder
 

@@ -41,7 +41,8 @@ from capl.ports.virt.snapshots import SnapshotKind, snapshot_guard
 from capl.testing.objects import random_mac
 from capl.virt import LibvirtHost
 from capl.virt.snapshot import LibvirtSnapshots
-from tests.fixtures.libvirt import Guest, LibvirtBed, guest_domain_xml, record_timing
+from tests.fixtures.guest import guest_domain_xml
+from tests.fixtures.libvirt import Guest, LibvirtBed, record_timing
 from tests.fixtures.transports import SshServer, running_sshd, ssh_server
 from tests.fixtures.vnc import CAPL, vnc_session
 from tests.libvirtd.test_console_cli import create_objects

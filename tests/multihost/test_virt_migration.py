@@ -65,7 +65,8 @@ from capl.testbed.multihost import MultihostBed
 from capl.virt import LibvirtHost, LibvirtHosts
 from capl.virt.migration import LibvirtMigrations
 from tests.fixtures.common import eventually
-from tests.fixtures.libvirt import ignition_config, random_mac, record_timing
+from tests.fixtures.guest import ignition_config
+from tests.fixtures.libvirt import random_mac, record_timing
 from tests.multihost.conftest import BedSession, ping
 from tests.multihost.guest import run_in_guest
 

@@ -69,7 +69,7 @@ from capl.testing.objects import libvirt_machine_spec
 from tests.fixtures.bed import Host
 from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import eventually, require_part
-from tests.fixtures.libvirt import ignition_config
+from tests.fixtures.guest import ignition_config
 from tests.fixtures.objects import install_capi_crds
 from tests.fixtures.transports import TlsLibvirtd
 from tests.security.bed import WEBHOOK_MANIFESTS, SecurityBed

@@ -51,7 +51,7 @@ from capl.testing.objects import libvirt_machine_spec
 from tests.fixtures.bed import Host
 from tests.fixtures.capl import CaplManagerFactory
 from tests.fixtures.common import eventually
-from tests.fixtures.libvirt import ignition_config
+from tests.fixtures.guest import ignition_config
 from tests.fixtures.transports import TlsLibvirtd
 from tests.security.bed import (
     Needles,

@@ -72,7 +72,7 @@ from capl.runtime.resources import (
 from capl.testbed import ControlPlane
 from tests.e2e.harness.common import CLUSTER_NAME_LABEL, KUBERNETES_VERSION, b64
 from tests.e2e.harness.libvirt_view import LibvirtView
-from tests.fixtures.libvirt import GuestMarker, parse_markers
+from tests.fixtures.guest import GuestMarker, parse_markers
 
 # --- guests and the stand-in kubelet ---------------------------------------------------------
 

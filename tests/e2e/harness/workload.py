@@ -60,7 +60,7 @@ from tests.e2e.harness.kubelet import GuestRecord, KubeletStandIn
 from tests.e2e.harness.libvirt_view import DomainFacts, LibvirtView
 from tests.e2e.harness.management import Management
 from tests.fixtures.common import eventually
-from tests.fixtures.libvirt import ignition_config
+from tests.fixtures.guest import ignition_config
 from tests.fixtures.libvirt_direct import (
     NetworkFacts,
 )
