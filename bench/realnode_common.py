@@ -60,11 +60,27 @@ class Timeline:
         return step in self.marks
 
 
-def _ready(node: Mapping[str, Any]) -> bool:
+def _ready_condition(node: Mapping[str, Any]) -> Mapping[str, Any]:
     for condition in (node.get("status") or {}).get("conditions") or ():
         if condition.get("type") == "Ready":
-            return bool(condition.get("status") == "True")
-    return False
+            return dict(condition)
+    return {}
+
+
+def _ready(node: Mapping[str, Any]) -> bool:
+    return bool(_ready_condition(node).get("status") == "True")
+
+
+def _not_ready_step(node: Mapping[str, Any]) -> str:
+    """The step a registered, not yet Ready Node is at: what its kubelet says (the Ready
+    condition's reason and message, e.g. the container runtime's network not ready yet), so
+    the time from registration to Ready is split by cause in the timeline."""
+    condition = _ready_condition(node)
+    said = f"{condition.get('reason') or 'no Ready condition'}: {condition.get('message') or ''}"
+    return f"Node not Ready ({said.strip(': ')[:_STEP_TEXT]})"
+
+
+_STEP_TEXT = 80
 
 
 async def node_names(workload: KubeClient) -> set[str]:
@@ -88,6 +104,7 @@ async def new_ready_node(workload: KubeClient, before: set[str], timeline: Timel
         if _ready(node):
             timeline.mark("Node Ready")
             return str(node["metadata"]["name"])
+        timeline.mark(_not_ready_step(node))
     return None
 
 
