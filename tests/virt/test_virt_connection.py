@@ -136,6 +136,34 @@ async def test_call_past_its_time_limit_fails_while_the_thread_stays_behind(
     await eventually(lambda: connection.inflight == 0, "the left-behind call finished")
 
 
+async def test_a_call_given_up_on_while_queued_never_runs(hosts: LibvirtHosts) -> None:
+    connection = hosts.get(uri=LOCAL).connection
+    release = threading.Event()
+    ran: list[str] = []
+    first = asyncio.create_task(
+        connection.run("hold the key", lambda _c: release.wait(), serial="k", time_limit=DEADLINE)
+    )
+    try:
+        await eventually(lambda: connection.inflight == 1, "the first call runs")
+        with pytest.raises(HostUnreachable, match=r"within 0\.2 s"):
+            await connection.run(
+                "queued", lambda _c: ran.append("queued"), serial="k", time_limit=0.2
+            )
+        queued = asyncio.create_task(
+            connection.run("cancelled", lambda _c: ran.append("cancelled"), serial="k")
+        )
+        await eventually(lambda: connection.inflight == 2, "the second call is queued")
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+    finally:
+        release.set()
+    assert await first
+    assert await connection.run("after", lambda _c: "ran", serial="k") == "ran"
+    await eventually(lambda: connection.inflight == 0, "every call accounted for")
+    assert ran == []  # neither the expired nor the cancelled call reached libvirt
+
+
 async def test_long_calls_get_the_long_time_limit() -> None:
     hosts = LibvirtHosts(call_timeout=0.2, long_call_timeout=DEADLINE)
     try:
