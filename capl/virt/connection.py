@@ -163,7 +163,7 @@ class HostConnection:
                 f"{action}: host {self.host_id} is closed", host=self.host_id
             ) from None
         # the answer comes back by one call_soon_threadsafe and the deadline is one timer:
-        # a quarter of the CPU of asyncio.wrap_future under asyncio.timeout, for the
+        # about half the CPU of asyncio.wrap_future under asyncio.timeout, for the
         # half-dozen calls of every machine
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[T] = loop.create_future()
