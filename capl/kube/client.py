@@ -152,6 +152,18 @@ class KubeClient:
             headers["Authorization"] = self.configuration.get_basic_auth_token()
         return headers
 
+    async def _prepare(
+        self, path: str, query: Mapping[str, str] | None, body: Any, content_type: str | None
+    ) -> tuple[str, bytes | None, dict[str, str]]:
+        """After the rate limit (if any): the request target (path and query), the encoded
+        body and the headers, for either transport."""
+        if self._limiter is not None:
+            await self._limiter.take()
+        target = path + "?" + urlencode(query) if query else path
+        data = None if body is None else orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
+        headers = await self._headers_for(content_type if data is not None else None)
+        return target, data, headers
+
     async def _send(
         self,
         method: str,
@@ -162,17 +174,11 @@ class KubeClient:
         content_type: str | None = None,
         client_timeout: aiohttp.ClientTimeout | None = None,
     ) -> aiohttp.ClientResponse:
-        if self._limiter is not None:
-            await self._limiter.take()
-        url = self._host + path
-        if query:
-            url += "?" + urlencode(query)
-        data = None if body is None else orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
-        headers = await self._headers_for(content_type if data is not None else None)
+        target, data, headers = await self._prepare(path, query, body, content_type)
         try:
             return await self._session.request(
                 method,
-                url,
+                self._host + target,
                 data=data,
                 headers=headers,
                 timeout=client_timeout or self._timeout,
@@ -223,11 +229,7 @@ class KubeClient:
         content_type: str,
     ) -> tuple[int, bytes]:
         assert self._pool is not None
-        if self._limiter is not None:
-            await self._limiter.take()
-        target = path + "?" + urlencode(query) if query else path
-        data = None if body is None else orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
-        headers = await self._headers_for(content_type if data is not None else None)
+        target, data, headers = await self._prepare(path, query, body, content_type)
         try:
             return await self._pool.request(
                 method, target, headers, data, read_timeout=self._request_timeout
