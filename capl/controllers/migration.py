@@ -78,7 +78,7 @@ from capl.ports.errors import VirtError
 from capl.ports.virt.migration import Migrations
 from capl.runtime.conditions import get_condition, rfc3339, set_condition
 from capl.runtime.controller import Controller, Result, Watch
-from capl.runtime.errors import ApiError
+from capl.runtime.errors import ApiError, NotFound
 from capl.runtime.events import WARNING
 from capl.runtime.handlers import Mapper
 from capl.runtime.manager import Manager
@@ -192,7 +192,7 @@ class MigrationReconciler:
             log.warning("cannot read LibvirtMachineMigration", error=str(exc))
             return DONE
         deleting = mig.metadata.deletion_timestamp is not None
-        pause = self._paused(key, mig)
+        pause = await self._paused(key, mig)
         if running is not None:
             task, moving = running
             if not task.done():
@@ -256,14 +256,21 @@ class MigrationReconciler:
             return f"the LibvirtCluster of Cluster {key.namespace}/{cluster_name} not found"
         return lm, cluster, lcluster
 
-    def _paused(self, key: ObjectKey, mig: LibvirtMachineMigration) -> str | None:
+    async def _paused(self, key: ObjectKey, mig: LibvirtMachineMigration) -> str | None:
         """Why the migration is paused (None: it is not): the paused annotation on it or on
-        its LibvirtMachine, or its Cluster's spec.paused (read from the cache)."""
+        its LibvirtMachine, or its Cluster's spec.paused (read from the cache). A machine
+        the cache does not hold yet (created just before the migration, its watch event not
+        in) is read from the API server: else the pause would go unseen and the finalizer
+        be written first."""
         if paused(None, mig.metadata):
             return f"annotation {c.PAUSED_ANNOTATION} on the migration"
-        raw = self.deps.cache.get(LIBVIRT_MACHINE, ObjectKey(key.namespace, mig.spec.machine_name))
+        machine_key = ObjectKey(key.namespace, mig.spec.machine_name)
+        raw = self.deps.cache.get(LIBVIRT_MACHINE, machine_key)
         if raw is None:
-            return None
+            try:
+                raw = await self.deps.client.resource(LIBVIRT_MACHINE).get(machine_key)
+            except NotFound:
+                return None
         lm_meta = parse(LibvirtMachine, raw).metadata
         if paused(None, lm_meta):
             return f"annotation {c.PAUSED_ANNOTATION} on LibvirtMachine {mig.spec.machine_name}"
