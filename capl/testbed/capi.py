@@ -243,18 +243,29 @@ class ProviderManager(LocalManager):
 
     async def start(self) -> None:
         """Install (or re-point) CRDs and webhooks, start the manager, wait until ready."""
+        await self.install_crds()
+        await self.start_after_install()
+
+    async def install_crds(self) -> None:
+        """The first half of `start`: render, then install (or re-point) CRDs and webhooks
+        and wait until the CRDs are established. Providers whose managers need each other's
+        kinds at start-up (KCP watches KubeadmConfig) all do this before any is launched."""
         t0 = time.monotonic()
         self.prepare()
         await self.manifests()
         t1 = time.monotonic()
         await self.install()
-        t2 = time.monotonic()
+        self.timings = {"render": t1 - t0, "install": time.monotonic() - t1}
+
+    async def start_after_install(self) -> None:
+        """The second half of `start`: launch the manager and wait until it is ready."""
+        t0 = time.monotonic()
         await self.launch()
-        t3 = time.monotonic()
-        self.timings = {"render": t1 - t0, "install": t2 - t1, "manager": t3 - t2}
+        self.timings["manager"] = time.monotonic() - t0
         log.info(
             "%s %s ready in %.1f s (render %.1f s, install %.1f s, manager %.1f s)",
-            self.title, self.capi.version, t3 - t0, *self.timings.values(),
+            self.title, self.capi.version, sum(self.timings.values()),
+            self.timings["render"], self.timings["install"], self.timings["manager"],
         )  # fmt: skip
 
     async def start_manager(self) -> None:

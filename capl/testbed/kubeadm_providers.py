@@ -215,13 +215,19 @@ class KubeadmProviders:
         }
 
     async def start(self) -> None:
-        """Install (or re-point) both providers' CRDs and webhooks and start both managers side
-        by side; if either fails, both are stopped and the first error is raised."""
-        results = await asyncio.gather(*(m.start() for m in self.managers), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            await self.stop()
-            raise errors[0]
+        """Install (or re-point) both providers' CRDs and webhooks, then start both managers
+        side by side; if either fails, both are stopped and the first error is raised.
+
+        Both installs finish before either manager starts: KCP resolves KubeadmConfig (the
+        bootstrap provider's CRD) when it starts and exits if that kind is not served yet."""
+        for phase in (ProviderManager.install_crds, ProviderManager.start_after_install):
+            results = await asyncio.gather(
+                *(phase(m) for m in self.managers), return_exceptions=True
+            )
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                await self.stop()
+                raise errors[0]
 
     async def ensure_running(self) -> None:
         """Start again whichever manager is not running (same ports and certificates)."""
