@@ -192,7 +192,8 @@ class MigrationReconciler:
             log.warning("cannot read LibvirtMachineMigration", error=str(exc))
             return DONE
         deleting = mig.metadata.deletion_timestamp is not None
-        pause = await self._paused(key, mig)
+        machine = await self._machine(key, mig)
+        pause = self._paused(key, mig, machine)
         if running is not None:
             task, moving = running
             if not task.done():
@@ -207,7 +208,7 @@ class MigrationReconciler:
                 return DONE  # the Cluster's pause (e.g. clusterctl move): nothing moves
         if mig.status.phase in TERMINAL_PHASES:
             if mig.status.cleanup_pending:
-                return await self._clean_up(key, mig)
+                return await self._clean_up(key, mig, machine)
             if deleting:
                 await self._drop_finalizer(raw)
             return DONE
@@ -220,12 +221,12 @@ class MigrationReconciler:
             before = resource_version(raw)
             raw = await apply_patch(self._client(), raw, desired, status=False)
             self.writes.wrote(key, before=before, answer=raw)
-        return await self._step(key, raw, mig, deleting)
+        return await self._step(key, mig, machine, deleting)
 
     async def _step(
-        self, key: ObjectKey, raw: Obj, mig: LibvirtMachineMigration, deleting: bool
+        self, key: ObjectKey, mig: LibvirtMachineMigration, machine: Obj | None, deleting: bool
     ) -> Result:
-        found = self._resolve(key, mig)
+        found = self._resolve(key, mig, machine)
         if isinstance(found, str):
             if mig.status.phase in ACTIVE_PHASES:
                 # in flight: the machine cannot be deleted before it ends (its deletion waits
@@ -239,13 +240,12 @@ class MigrationReconciler:
         return await self._schedule(key, mig, lm, lcluster)
 
     def _resolve(
-        self, key: ObjectKey, mig: LibvirtMachineMigration
+        self, key: ObjectKey, mig: LibvirtMachineMigration, machine: Obj | None
     ) -> tuple[LibvirtMachine, Cluster, LibvirtCluster] | str:
         name = mig.spec.machine_name
-        raw = self.deps.cache.get(LIBVIRT_MACHINE, ObjectKey(key.namespace, name))
-        if raw is None:
+        if machine is None:
             return f"LibvirtMachine {key.namespace}/{name} not found"
-        lm = parse(LibvirtMachine, raw)
+        lm = parse(LibvirtMachine, machine)
         cluster_name = lm.metadata.label(c.CLUSTER_NAME_LABEL) or ""
         cluster_raw = self.deps.cache.get(CLUSTER, ObjectKey(key.namespace, cluster_name))
         if cluster_raw is None:
@@ -256,22 +256,30 @@ class MigrationReconciler:
             return f"the LibvirtCluster of Cluster {key.namespace}/{cluster_name} not found"
         return lm, cluster, lcluster
 
-    async def _paused(self, key: ObjectKey, mig: LibvirtMachineMigration) -> str | None:
-        """Why the migration is paused (None: it is not): the paused annotation on it or on
-        its LibvirtMachine, or its Cluster's spec.paused (read from the cache). A machine
-        the cache does not hold yet (created just before the migration, its watch event not
-        in) is read from the API server: else the pause would go unseen and the finalizer
-        be written first."""
-        if paused(None, mig.metadata):
-            return f"annotation {c.PAUSED_ANNOTATION} on the migration"
+    async def _machine(self, key: ObjectKey, mig: LibvirtMachineMigration) -> Obj | None:
+        """The migration's LibvirtMachine (None: there is none). One the cache does not hold
+        yet (created just before the migration, its watch event not in) is read from the API
+        server: else its Cluster's pause would go unseen and the finalizer be written first,
+        and a migration created with its machine would fail as "not found"."""
         machine_key = ObjectKey(key.namespace, mig.spec.machine_name)
         raw = self.deps.cache.get(LIBVIRT_MACHINE, machine_key)
-        if raw is None:
-            try:
-                raw = await self.deps.client.resource(LIBVIRT_MACHINE).get(machine_key)
-            except NotFound:
-                return None
-        lm_meta = parse(LibvirtMachine, raw).metadata
+        if raw is not None:
+            return raw
+        try:
+            return await self.deps.client.resource(LIBVIRT_MACHINE).get(machine_key)
+        except NotFound:
+            return None
+
+    def _paused(
+        self, key: ObjectKey, mig: LibvirtMachineMigration, machine: Obj | None
+    ) -> str | None:
+        """Why the migration is paused (None: it is not): the paused annotation on it or on
+        its LibvirtMachine, or its Cluster's spec.paused (read from the cache)."""
+        if paused(None, mig.metadata):
+            return f"annotation {c.PAUSED_ANNOTATION} on the migration"
+        if machine is None:
+            return None
+        lm_meta = parse(LibvirtMachine, machine).metadata
         if paused(None, lm_meta):
             return f"annotation {c.PAUSED_ANNOTATION} on LibvirtMachine {mig.spec.machine_name}"
         cluster_name = lm_meta.label(c.CLUSTER_NAME_LABEL) or ""
@@ -383,9 +391,11 @@ class MigrationReconciler:
                 return DONE
         return await self._recover(key, mig, job)
 
-    async def _clean_up(self, key: ObjectKey, mig: LibvirtMachineMigration) -> Result:
+    async def _clean_up(
+        self, key: ObjectKey, mig: LibvirtMachineMigration, machine: Obj | None
+    ) -> Result:
         """A finished migration left a host uncleaned (unreachable then): try again."""
-        found = self._resolve(key, mig)
+        found = self._resolve(key, mig, machine)
         moving = self._moving(key, mig, found[0], found[2]) if not isinstance(found, str) else found
         if isinstance(moving, str):
             log.warning("cannot clean up after a migration", why=moving)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ import pytest
 from capl.api import constants as c
 from capl.controllers import machine as libvirtmachine
 from capl.controllers import migration
+from capl.controllers.common import Deps
 from capl.ports.naming import machine_hostname
+from capl.runtime.informer import Cache
 from capl.runtime.objects import Obj, ObjectKey
 from capl.runtime.resources import (
     CLUSTER,
@@ -36,6 +39,7 @@ from capl.runtime.resources import (
     MACHINE,
     NODE,
     SECRET,
+    Resource,
 )
 from capl.testing.harness import TEST_DRIVER, ControllerHarness
 from capl.testing.objects import b64, condition, condition_of, libvirt_machine_spec
@@ -129,6 +133,55 @@ async def test_paused_cluster_new_machine_gets_only_the_paused_condition(
         what="scheduled (and failed: one host)",
     )
     assert mig_obj["status"]["message"]
+
+
+class LaggingCache(Cache):
+    """The manager's cache (its informers shared) with one LibvirtMachine's watch event late:
+    `get` misses that machine, as a cache does for a moment after a create."""
+
+    def __init__(self, inner: Cache, late: ObjectKey) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.late = late
+
+    def get(self, resource: Resource, key: ObjectKey) -> Obj | None:
+        if resource == LIBVIRT_MACHINE and key == self.late:
+            return None
+        return super().get(resource, key)
+
+
+async def test_a_migration_of_a_machine_the_cache_does_not_hold_yet_is_not_failed_as_missing(
+    harness: ControllerHarness,
+) -> None:
+    """A migration created with its machine, whose watch event is not in yet, looks the machine
+    up on the API server (and is refused for the machine's own state, not as "not found")."""
+    h = harness
+    cluster = await h.make_cluster()
+    m = await h.make_machine(cluster)
+    late = ObjectKey(h.namespace, m.name)
+
+    def lagging(manager: Any, deps: Deps) -> object:
+        return migrations_setup(manager, replace(deps, cache=LaggingCache(deps.cache, late)))
+
+    await h.start(lagging)
+    mig_name = f"{m.name}-move"
+    await h.create(
+        LIBVIRT_MACHINE_MIGRATION,
+        {
+            "apiVersion": c.API_VERSION,
+            "kind": c.Kind.LIBVIRT_MACHINE_MIGRATION,
+            "metadata": {"name": mig_name, "namespace": h.namespace},
+            "spec": {"machineName": m.name},
+        },
+    )
+    mig = await h.wait_for(
+        LIBVIRT_MACHINE_MIGRATION,
+        mig_name,
+        lambda o: (o.get("status") or {}).get("phase") == "Failed",
+        what="refused",
+    )
+    assert mig["status"]["message"] == (
+        f"LibvirtMachine {m.name} has no domain yet (nothing to migrate)"
+    )
 
 
 async def test_failure_domain_conflict_is_refused_until_resolved(
