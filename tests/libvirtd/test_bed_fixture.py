@@ -24,6 +24,14 @@ node-a:/# CAPL-GUEST: shutdown
 """
 
 
+def test_a_line_not_ended_yet_is_not_a_marker_yet() -> None:
+    assert parse_markers("CAPL-GUEST: boot\nCAPL-GUEST: uuid=5024cd") == parse_markers(
+        "CAPL-GUEST: boot\n"
+    )
+    (marker,) = parse_markers("CAPL-GUEST: uuid=5024cd31-303b\r\n")
+    assert (marker.name, marker.value) == ("uuid", "5024cd31-303b")
+
+
 def test_parse_markers() -> None:
     markers = parse_markers(SERIAL_LOG)
     assert [m.name for m in markers] == [
