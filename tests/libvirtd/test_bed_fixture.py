@@ -25,9 +25,8 @@ node-a:/# CAPL-GUEST: shutdown
 
 
 def test_a_line_not_ended_yet_is_not_a_marker_yet() -> None:
-    assert parse_markers("CAPL-GUEST: boot\nCAPL-GUEST: uuid=5024cd") == parse_markers(
-        "CAPL-GUEST: boot\n"
-    )
+    half_written = parse_markers("CAPL-GUEST: boot\nCAPL-GUEST: uuid=5024cd")
+    assert [m.name for m in half_written] == ["boot"]
     (marker,) = parse_markers("CAPL-GUEST: uuid=5024cd31-303b\r\n")
     assert (marker.name, marker.value) == ("uuid", "5024cd31-303b")
 
