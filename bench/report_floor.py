@@ -11,6 +11,7 @@ from typing import Any
 
 TARGETS: dict[str, tuple[str, float]] = {
     "scaleout.manager_cpu_ms_per_machine": ("<=", 7.0),
+    "scaleout.manager_cpu_ratio_to_issue9": ("<=", 0.5),
     "scaleout.libvirt_calls_per_machine": ("<=", 15.0),
     "scaleout.api_writes_per_machine": ("<=", 3.0),
     "steady.machines": (">=", 10000.0),
@@ -21,6 +22,7 @@ REQUIRED = (
     "scaleout.clusters",
     "scaleout.machines",
     "scaleout.manager_cpu_ms_per_machine",
+    "scaleout.manager_cpu_ratio_to_issue9",
     "scaleout.libvirt_calls_per_machine",
     "scaling.per_machine_cost_ratio",
 )
@@ -72,6 +74,7 @@ def summarize(inputs: Mapping[str, dict[str, Any] | None], summary: dict[str, An
         out["manager_cpu_ms_per_machine_with_trace"] = s.get("manager_cpu_ms_per_machine")
         out["trace_cpu_ms_per_machine"] = s.get("trace_cpu_ms_per_machine")
         out["libvirt_calls_per_machine"] = s.get("libvirt_calls_per_machine")
+        _issue9(s.get("baseline") or {}, out)
         for key in ("ratio_to_floor", "ratio_to_floor_concurrent"):
             if key in s:
                 out[key] = s[key]
@@ -122,6 +125,27 @@ def summarize(inputs: Mapping[str, dict[str, Any] | None], summary: dict[str, An
 FLOOR_SCRIPT = "floor script (this process)"
 
 
+def _issue9(b: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """The same-run comparison with the manager issue 9 measured (bench/baseline.py)."""
+    if b.get("manager_cpu_ratio") is None:
+        if b.get("missing"):
+            out["issue9_baseline"] = {"ref": b.get("ref"), "missing": b["missing"]}
+        return
+    out["manager_cpu_ratio_to_issue9"] = b["manager_cpu_ratio"]
+    out["issue9_baseline"] = {
+        "commit": b.get("commit"),
+        "layout": b.get("layout"),
+        "manager_cpu_ms_per_machine": (b.get("baseline") or {}).get("manager_cpu_ms_per_machine"),
+        "current_manager_cpu_ms_per_machine": (b.get("current") or {}).get(
+            "manager_cpu_ms_per_machine"
+        ),
+        "kube_apiserver_cpu_ms_per_machine": [
+            (b.get(side) or {}).get("cpu_ms_per_machine_by_process", {}).get("kube-apiserver")
+            for side in ("baseline", "current")
+        ],
+    }
+
+
 def _floor_script_cpu(f: Mapping[str, Any], machines: int, out: dict[str, Any]) -> None:
     """The floor script's own CPU per machine (the same API writes and libvirt calls made by a
     tight Python loop, same run) and the manager's CPU against it: how much of the manager's
@@ -138,6 +162,19 @@ def _floor_script_cpu(f: Mapping[str, Any], machines: int, out: dict[str, Any]) 
 
 Row = Callable[[str, Any, str, str], str]
 Fmt = Callable[[Any], str]
+
+
+def _issue9_limit(b: Mapping[str, Any], fmt: Fmt) -> str:
+    if b.get("missing"):
+        return f"the manager of {b.get('ref')} could not run: {b['missing']}"
+    apiserver = b.get("kube_apiserver_cpu_ms_per_machine") or [None, None]
+    return (
+        f"the manager issue 9 measured ({str(b.get('commit') or '?')[:8]}) on the same "
+        f"{fmt(b.get('layout'))} layout, minutes apart, both untraced: "
+        f"{fmt(b.get('manager_cpu_ms_per_machine'))} ms/machine against "
+        f"{fmt(b.get('current_manager_cpu_ms_per_machine'))} (kube-apiserver meanwhile: "
+        f"{fmt(apiserver[0])} and {fmt(apiserver[1])} ms/machine)"
+    )
 
 
 def rows(summary: Mapping[str, Any], row: Row, fmt: Fmt) -> list[str]:
@@ -167,6 +204,12 @@ def rows(summary: Mapping[str, Any], row: Row, fmt: Fmt) -> list[str]:
             f"concurrency ({fmt(s.get('floor_script_cpu_ms_per_machine'))} in one loop), "
             f"the manager {fmt(s.get('manager_cpu_ratio_to_floor_script'))} times that",
             "<= 7",
+        ),
+        row(
+            "scaleout.manager_cpu_ratio_to_issue9",
+            s.get("manager_cpu_ratio_to_issue9"),
+            _issue9_limit(s.get("issue9_baseline") or {}, fmt),
+            "<= 0.5",
         ),
         row(
             "scaleout.libvirt_calls_per_machine",

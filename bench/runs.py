@@ -9,6 +9,7 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,12 +150,15 @@ async def scale_out(
     clusters: int = 1,
     concurrency: int = 10,
     trace: Path | None = None,
+    manager_env: Mapping[str, str] | None = None,
 ) -> Run:
     """A fresh namespace and manager; `clusters` clusters; N machines (spread evenly over
     them) to Ready; the manager keeps running. With `trace`, the manager records its libvirt
-    calls there (``CAPL_LIBVIRT_TRACE``, for bench/floor.py)."""
+    calls there (``CAPL_LIBVIRT_TRACE``, for bench/floor.py); `manager_env` is added to its
+    environment (e.g. an earlier commit's package on PYTHONPATH, bench/baseline.py)."""
     namespace = await bed.namespace(f"scale{n}")
     env = {"CAPL_LIBVIRT_TRACE": str(trace)} if trace is not None else {}
+    env.update(manager_env or {})
     extra = os.environ.get("CAPL_BENCH_MANAGER_ENV", "")  # K=V,K=V: e.g. to compare a knob
     env.update(dict(kv.split("=", 1) for kv in extra.split(",") if "=" in kv))
     trace_start = _size(trace) if trace is not None else 0

@@ -24,11 +24,16 @@ Measured, per layout:
   `ratio_to_floor` = capl machines/s / the floor's machines/s (one loop), and against
   `concurrency` loops beside it; libvirt calls per machine = every libvirt call the manager
   made between the first create and the moment it went quiet, / N.
+- headline layout only, afterwards: the same layout scaled out by the manager of the commit
+  issue 9 measured (`--baseline`, default 31af542) and by this checkout's, both untraced, one
+  after the other (bench/baseline.py): `baseline.manager_cpu_ratio`, the manager's own cost
+  per machine against issue 9's in the same run (issue 16: <= 0.5).
 
 Writes bench/results/scaleout.json and floor.json (with --steady, steady.json first, measured
 on the headline layout's Ready machines).
 
     .venv/bin/python bench/scaleout.py [--layouts 10x100,1x1000] [--concurrency 10]
+        [--baseline REF|'']
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.baseline import ISSUE9_REF, BaselineMissing, compare
 from bench.common import Bed, note, require_parts, write_result
 from bench.floor import read_trace
 from bench.floor_run import measure_floor
@@ -79,12 +85,30 @@ def own_cost(run: Run, body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+async def _baseline(
+    bed: Bed, clusters: int, per: int, concurrency: int, ref: str, tmp: str
+) -> dict[str, Any]:
+    """The same-run comparison with an earlier manager (bench/baseline.py)."""
+    try:
+        return await compare(
+            bed, clusters=clusters, per=per, concurrency=concurrency, ref=ref, workdir=Path(tmp)
+        )
+    except BaselineMissing as exc:
+        note(f"no same-run comparison with {ref}: {exc}")
+        return {"ref": ref, "missing": str(exc)}
+
+
 async def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layouts", default="10x100,1x1000", help="CLUSTERSxMACHINES,...")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--steady", type=float, default=0.0, help="steady window (s)")
     parser.add_argument("--no-floor", action="store_true")
+    parser.add_argument(
+        "--baseline",
+        default=ISSUE9_REF,
+        help="commit whose manager the headline layout is compared with ('' to skip)",
+    )
     args = parser.parse_args(argv)
     layouts = [parse_layout(x) for x in args.layouts.split(",") if x.strip()]
     configure_logging(level="warning", format="console")
@@ -120,6 +144,8 @@ async def main(argv: list[str]) -> int:
                     )
                 bodies.append(body)
                 await finish(bed, run)
+                if headline and args.baseline:
+                    body["baseline"] = await _baseline(bed, k, per, c, args.baseline, tmp)
     head, others = bodies[0], bodies[1:]
     write_result("scaleout", {**head, "other_layouts": others})
     return 0

@@ -1,0 +1,73 @@
+"""The same-run comparison with issue 9's manager (bench/baseline.py) and its summary figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import report_floor
+from bench.baseline import ISSUE9_REF, BaselineMissing, checkout
+
+
+def test_the_earlier_commit_is_checked_out_as_a_package_to_put_on_pythonpath(
+    tmp_path: Path,
+) -> None:
+    try:
+        commit, root = checkout(ISSUE9_REF, tmp_path)
+    except BaselineMissing as exc:  # a shallow clone: what the benchmark reports then
+        pytest.skip(str(exc))
+    assert commit.startswith(ISSUE9_REF)
+    assert len(commit) == 40
+    assert (root / "capl" / "__init__.py").is_file()
+    assert (root / "capl" / "manager.py").is_file()
+    assert not (root / "tests").exists()  # the package only
+
+
+def test_a_commit_not_in_the_history_is_reported_with_its_reason(tmp_path: Path) -> None:
+    with pytest.raises(BaselineMissing, match="deadbeef0 is not in this checkout's history"):
+        checkout("deadbeef0", tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _summary(baseline: dict[str, object]) -> dict[str, object]:
+    scaleout = {"machines": 1000, "clusters": 10, "baseline": baseline}
+    summary: dict[str, dict[str, object]] = {"scaleout": {}}
+    report_floor.summarize({"scaleout": scaleout}, summary)
+    return summary["scaleout"]
+
+
+def test_the_ratio_to_issue9_is_a_summary_figure_with_a_target() -> None:
+    out = _summary(
+        {
+            "commit": "31af5423c5e01b32026314e4b6dab4dace2ad22e",
+            "layout": "10x100",
+            "manager_cpu_ratio": 0.48,
+            "baseline": {
+                "manager_cpu_ms_per_machine": 13.6,
+                "cpu_ms_per_machine_by_process": {"kube-apiserver": 21.0},
+            },
+            "current": {
+                "manager_cpu_ms_per_machine": 6.5,
+                "cpu_ms_per_machine_by_process": {"kube-apiserver": 20.8},
+            },
+        }
+    )
+    assert out["manager_cpu_ratio_to_issue9"] == 0.48
+    assert out["issue9_baseline"] == {
+        "commit": "31af5423c5e01b32026314e4b6dab4dace2ad22e",
+        "layout": "10x100",
+        "manager_cpu_ms_per_machine": 13.6,
+        "current_manager_cpu_ms_per_machine": 6.5,
+        "kube_apiserver_cpu_ms_per_machine": [21.0, 20.8],
+    }
+    assert report_floor.TARGETS["scaleout.manager_cpu_ratio_to_issue9"] == ("<=", 0.5)
+
+
+def test_a_missing_comparison_is_no_figure_but_says_why() -> None:
+    out = _summary({"ref": "31af542", "missing": "commit 31af542 is not in this checkout"})
+    assert "manager_cpu_ratio_to_issue9" not in out
+    assert out["issue9_baseline"] == {
+        "ref": "31af542",
+        "missing": "commit 31af542 is not in this checkout",
+    }
