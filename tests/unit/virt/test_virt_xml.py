@@ -174,8 +174,29 @@ def test_volume_overlay_golden() -> None:
         format=VolumeFormat.QCOW2,
         backing_path="/var/lib/capl/demo/capl-base-fcos-0123456789ab",
         backing_format="qcow2",
+        pretty=True,
     )
     assert_golden("volume-overlay.xml", xml)
+    compact = build_volume_xml(
+        name="capl-default-demo-cp-0-1a2b3c4d-root.qcow2",
+        capacity_bytes=20 * 1024**3,
+        format=VolumeFormat.QCOW2,
+        backing_path="/var/lib/capl/demo/capl-base-fcos-0123456789ab",
+        backing_format="qcow2",
+    )
+    assert "\n " not in compact  # what libvirt gets: not indented, the same document
+    assert compact == _unindent(xml) + "\n"
+
+
+def _unindent(document: str) -> str:
+    """The document without the whitespace-only text that indenting adds."""
+    root = ET.fromstring(document)
+    for element in root.iter():
+        if element.text is not None and not element.text.strip():
+            element.text = None
+        if element.tail is not None and not element.tail.strip():
+            element.tail = None
+    return ET.tostring(root, encoding="unicode")
 
 
 def test_pool_golden() -> None:
