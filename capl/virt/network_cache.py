@@ -106,8 +106,9 @@ class NetworkEntries:
         self._low = self.dhcp_start or 0
 
     def pick(self, *, exclude: Collection[str], leased: Collection[str]) -> str:
-        """The first address of the DHCP range that is not reserved, leased, excluded or the
-        gateway."""
+        """The first address of the DHCP range that is not reserved, leased, excluded, named
+        by a DNS record or the gateway. (A DNS record without a reservation is a leftover or
+        someone else's: a new machine's name merged into it would be lost with it.)"""
         assert self.dhcp_start is not None
         assert self.dhcp_end is not None
         by_ip, end = self.by_ip, self.dhcp_end
@@ -121,6 +122,7 @@ class NetworkEntries:
                 candidate not in by_ip
                 and candidate not in exclude
                 and candidate not in leased
+                and candidate not in self.dns
                 and candidate != self.gateway
             ):
                 return candidate

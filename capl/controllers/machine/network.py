@@ -306,7 +306,15 @@ async def remove_network_entries(
     ident: Identity,
     fqdn: str | None,
 ) -> None:
-    """The machine's DHCP reservations (candidate MAC and name) and DNS name, if present."""
+    """The machine's DNS name and DHCP reservations (candidate MAC and name), if present.
+
+    The DNS name goes first: the reservation is what keeps its address from being handed to
+    a new machine, so it is released last. The other order, interrupted between the two
+    (a killed manager), left a record of the address without a reservation; the next
+    machine given that address had its name merged into that record, and the resumed
+    removal's replacement of the record (delete, then add), interrupted again, took the new
+    machine's name with it (tests/chaos/test_manager_kill.py saw a Ready machine without its
+    DNS name)."""
     try:
         info = await host.get_network(network)
     except NetworkNotFound:
@@ -326,13 +334,13 @@ async def remove_network_entries(
                     nic, cluster=ident.cluster, namespace=ident.namespace, name=ident.name
                 )
             )
-    for reservation in info.dhcp_hosts:
-        if reservation.mac in ours.get(reservation.name or "", ()):
-            await host.remove_dhcp_host(network=network, mac=reservation.mac)
     if fqdn:
         for record in info.dns_hosts:
             if fqdn in record.hostnames:
                 await host.remove_dns_hostnames(network=network, ip=record.ip, hostnames=[fqdn])
+    for reservation in info.dhcp_hosts:
+        if reservation.mac in ours.get(reservation.name or "", ()):
+            await host.remove_dhcp_host(network=network, mac=reservation.mac)
 
 
 def default_nic(network: str) -> NicPlan:
