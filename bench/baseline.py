@@ -5,9 +5,11 @@ Issue 16 set its CPU target as half of the 14.4 ms per machine that issue 9 meas
 absolute figure moves with the speed of the shared machine by a quarter and more between
 hours (docs/benchmarks.md), so the comparison that carries over is the same one run against
 the code issue 9 measured, on the same machine, minutes apart: `bench/scaleout.py` runs the
-headline layout once with that commit's `capl` package and once with today's, both without
-the call recording, and reports the ratio of their CPU per machine
-(`scaleout.manager_cpu_ratio_to_issue9`, target <= 0.5).
+headline layout with that commit's `capl` package and with today's, both without the call
+recording, twice each in the order A B B A (the machine's speed moves by a fifth between
+runs a minute apart), and reports the ratio of their mean CPU per machine
+(`scaleout.manager_cpu_ratio_to_issue9`, target <= 0.5) and, beside it, the same ratio with
+each side's manager CPU divided by kube-apiserver's in its runs.
 
 How the old manager runs: `git archive <ref> capl` into a temporary directory, put first on
 the manager process's PYTHONPATH (ahead of the editable install of today's package), with
@@ -70,23 +72,46 @@ TARGET_RATIO = 0.5
 
 
 async def compare(
-    bed: Bed, *, clusters: int, per: int, concurrency: int, ref: str, workdir: Path
+    bed: Bed,
+    *,
+    clusters: int,
+    per: int,
+    concurrency: int,
+    ref: str,
+    workdir: Path,
+    rounds: int = 2,
 ) -> dict[str, Any]:
-    """The headline layout scaled out by `ref`'s manager and by today's, both untraced, one
-    after the other (the earlier one first); scaleout.json's `baseline`."""
+    """The headline layout scaled out by `ref`'s manager and by today's, both untraced,
+    `rounds` times each in the order A B, B A, ... (this machine's speed moves by a fifth
+    between two runs a minute apart); scaleout.json's `baseline`."""
     commit, path = checkout(ref, workdir)
     n = clusters * per
-    runs: dict[str, Run] = {}
-    for side, env in (("baseline", {"PYTHONPATH": str(path)}), ("current", {})):
-        note(f"same-run comparison: {side} manager ({commit[:8] if env else 'this checkout'})")
-        run = await scale_out(bed, n, clusters=clusters, concurrency=concurrency, manager_env=env)
-        runs[side] = run
-        await finish(bed, run)
-    figures = {side: _figures(run) for side, run in runs.items()}
-    base = figures["baseline"]["manager_cpu_ms_per_machine"]
-    current = figures["current"]["manager_cpu_ms_per_machine"]
-    ratio = round(current / base, 3) if base else None
-    note(f"manager CPU per machine: {current} ms against {base} ms at {commit[:8]}: {ratio}")
+    envs = {"baseline": {"PYTHONPATH": str(path)}, "current": {}}
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "current": []}
+    order: list[str] = []
+    for index in range(rounds):
+        sides = ("baseline", "current") if index % 2 == 0 else ("current", "baseline")
+        for side in sides:
+            who = commit[:8] if side == "baseline" else "this checkout"
+            note(f"same-run comparison, round {index + 1}/{rounds}: {side} manager ({who})")
+            run = await scale_out(
+                bed, n, clusters=clusters, concurrency=concurrency, manager_env=envs[side]
+            )
+            runs[side].append(_figures(run))
+            order.append(side)
+            await finish(bed, run)
+    sides = {side: _side(figures) for side, figures in runs.items()}
+    base, current = sides["baseline"], sides["current"]
+    ratio = _ratio(current["manager_cpu_ms_per_machine"], base["manager_cpu_ms_per_machine"])
+    apiserver = _ratio(
+        _ratio(current["manager_cpu_ms_per_machine"], _apiserver(current)) or 0.0,
+        _ratio(base["manager_cpu_ms_per_machine"], _apiserver(base)) or 0.0,
+    )
+    note(
+        f"manager CPU per machine: {current['manager_cpu_ms_per_machine']} ms against "
+        f"{base['manager_cpu_ms_per_machine']} ms at {commit[:8]}: {ratio} "
+        f"({apiserver} per kube-apiserver CPU)"
+    )
     return {
         "ref": ref,
         "commit": commit,
@@ -94,12 +119,47 @@ async def compare(
         "what": (
             "the headline layout scaled out by the manager of the commit issue 9 measured "
             "(its capl package on PYTHONPATH; today's virtualenv, CRDs, RBAC and benchmark) "
-            "and by this checkout's, both without the call recording, one after the other"
+            "and by this checkout's, both without the call recording, alternating"
         ),
+        "rounds": rounds,
+        "order": order,
         "manager_cpu_ratio": ratio,
+        "manager_cpu_ratio_per_kube_apiserver": apiserver,
         "target": f"<= {TARGET_RATIO:g}",
-        **figures,
+        **sides,
     }
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
+
+
+def _apiserver(side: dict[str, Any]) -> float:
+    value = side["cpu_ms_per_machine_by_process"].get("kube-apiserver", 0.0)
+    return float(value)
+
+
+def _side(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's runs and their means (CPU per machine, per process)."""
+    processes = {name for run in runs for name in run["cpu_ms_per_machine_by_process"]}
+    return {
+        "manager_cpu_ms_per_machine": _mean([r["manager_cpu_ms_per_machine"] for r in runs]),
+        "cpu_ms_per_machine_by_process": {
+            name: _mean(
+                [
+                    r["cpu_ms_per_machine_by_process"][name]
+                    for r in runs
+                    if name in r["cpu_ms_per_machine_by_process"]
+                ]
+            )
+            for name in sorted(processes)
+        },
+        "runs": runs,
+    }
+
+
+def _mean(values: list[float]) -> float:
+    return round(sum(values) / len(values), 2)
 
 
 def _figures(run: Run) -> dict[str, Any]:

@@ -139,6 +139,8 @@ def _issue9(b: Mapping[str, Any], out: dict[str, Any]) -> None:
         "current_manager_cpu_ms_per_machine": (b.get("current") or {}).get(
             "manager_cpu_ms_per_machine"
         ),
+        "ratio_per_kube_apiserver": b.get("manager_cpu_ratio_per_kube_apiserver"),
+        "rounds": b.get("rounds", 1),
         "kube_apiserver_cpu_ms_per_machine": [
             (b.get(side) or {}).get("cpu_ms_per_machine_by_process", {}).get("kube-apiserver")
             for side in ("baseline", "current")
@@ -170,10 +172,11 @@ def _issue9_limit(b: Mapping[str, Any], fmt: Fmt) -> str:
     apiserver = b.get("kube_apiserver_cpu_ms_per_machine") or [None, None]
     return (
         f"the manager issue 9 measured ({str(b.get('commit') or '?')[:8]}) on the same "
-        f"{fmt(b.get('layout'))} layout, minutes apart, both untraced: "
-        f"{fmt(b.get('manager_cpu_ms_per_machine'))} ms/machine against "
-        f"{fmt(b.get('current_manager_cpu_ms_per_machine'))} (kube-apiserver meanwhile: "
-        f"{fmt(apiserver[0])} and {fmt(apiserver[1])} ms/machine)"
+        f"{fmt(b.get('layout'))} layout, alternating with this one ({fmt(b.get('rounds'))} "
+        f"run(s) each), both untraced: {fmt(b.get('manager_cpu_ms_per_machine'))} ms/machine "
+        f"against {fmt(b.get('current_manager_cpu_ms_per_machine'))} (kube-apiserver "
+        f"meanwhile: {fmt(apiserver[0])} and {fmt(apiserver[1])} ms/machine; the ratio of the "
+        f"two managers' CPU per kube-apiserver CPU: {fmt(b.get('ratio_per_kube_apiserver'))})"
     )
 
 

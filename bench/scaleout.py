@@ -25,8 +25,8 @@ Measured, per layout:
   `concurrency` loops beside it; libvirt calls per machine = every libvirt call the manager
   made between the first create and the moment it went quiet, / N.
 - headline layout only, afterwards: the same layout scaled out by the manager of the commit
-  issue 9 measured (`--baseline`, default 31af542) and by this checkout's, both untraced, one
-  after the other (bench/baseline.py): `baseline.manager_cpu_ratio`, the manager's own cost
+  issue 9 measured (`--baseline`, default 31af542) and by this checkout's, both untraced, twice
+  each, alternating (bench/baseline.py): `baseline.manager_cpu_ratio`, the manager's own cost
   per machine against issue 9's in the same run (issue 16: <= 0.5).
 
 Writes bench/results/scaleout.json and floor.json (with --steady, steady.json first, measured

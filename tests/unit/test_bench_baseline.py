@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench import report_floor
-from bench.baseline import ISSUE9_REF, BaselineMissing, checkout
+from bench.baseline import ISSUE9_REF, BaselineMissing, _side, checkout
 
 
 def test_the_earlier_commit_is_checked_out_as_a_package_to_put_on_pythonpath(
@@ -43,6 +43,8 @@ def test_the_ratio_to_issue9_is_a_summary_figure_with_a_target() -> None:
             "commit": "31af5423c5e01b32026314e4b6dab4dace2ad22e",
             "layout": "10x100",
             "manager_cpu_ratio": 0.48,
+            "manager_cpu_ratio_per_kube_apiserver": 0.483,
+            "rounds": 2,
             "baseline": {
                 "manager_cpu_ms_per_machine": 13.6,
                 "cpu_ms_per_machine_by_process": {"kube-apiserver": 21.0},
@@ -59,6 +61,8 @@ def test_the_ratio_to_issue9_is_a_summary_figure_with_a_target() -> None:
         "layout": "10x100",
         "manager_cpu_ms_per_machine": 13.6,
         "current_manager_cpu_ms_per_machine": 6.5,
+        "ratio_per_kube_apiserver": 0.483,
+        "rounds": 2,
         "kube_apiserver_cpu_ms_per_machine": [21.0, 20.8],
     }
     assert report_floor.TARGETS["scaleout.manager_cpu_ratio_to_issue9"] == ("<=", 0.5)
@@ -71,3 +75,18 @@ def test_a_missing_comparison_is_no_figure_but_says_why() -> None:
         "ref": "31af542",
         "missing": "commit 31af542 is not in this checkout",
     }
+
+
+def test_each_side_is_the_mean_of_its_runs_per_process() -> None:
+    """A process missing from a run's reading does not count as zero."""
+    runs = [
+        {"manager_cpu_ms_per_machine": 12.0, "cpu_ms_per_machine_by_process": {"manager": 12.0}},
+        {
+            "manager_cpu_ms_per_machine": 14.0,
+            "cpu_ms_per_machine_by_process": {"manager": 14.0, "kube-apiserver": 20.0},
+        },
+    ]
+    side = _side(runs)
+    assert side["manager_cpu_ms_per_machine"] == 13.0
+    assert side["cpu_ms_per_machine_by_process"] == {"kube-apiserver": 20.0, "manager": 13.0}
+    assert side["runs"] == runs
