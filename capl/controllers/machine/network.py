@@ -310,11 +310,11 @@ async def remove_network_entries(
 
     The DNS name goes first: the reservation is what keeps its address from being handed to
     a new machine, so it is released last. The other order, interrupted between the two
-    (a killed manager), left a record of the address without a reservation; the next
-    machine given that address had its name merged into that record, and the resumed
-    removal's replacement of the record (delete, then add), interrupted again, took the new
-    machine's name with it (tests/chaos/test_manager_kill.py saw a Ready machine without its
-    DNS name)."""
+    (a killed manager), leaves a record of the address without a reservation; a new machine
+    given that address would share that record, and the resumed removal's replacement of
+    it (delete, then add), interrupted again, would take the new machine's name with it:
+    the path found for a Ready machine without its DNS name in
+    tests/chaos/test_manager_kill.py."""
     try:
         info = await host.get_network(network)
     except NetworkNotFound:
