@@ -158,9 +158,9 @@ async def scale_out(
     environment (e.g. an earlier commit's package on PYTHONPATH, bench/baseline.py)."""
     namespace = await bed.namespace(f"scale{n}")
     env = {"CAPL_LIBVIRT_TRACE": str(trace)} if trace is not None else {}
-    env.update(manager_env or {})
     extra = os.environ.get("CAPL_BENCH_MANAGER_ENV", "")  # K=V,K=V: e.g. to compare a knob
     env.update(dict(kv.split("=", 1) for kv in extra.split(",") if "=" in kv))
+    env.update(manager_env or {})  # the run's own (an earlier package) over the knob
     trace_start = _size(trace) if trace is not None else 0
     manager = await bed.start_manager(namespace, concurrency=concurrency, env=env)
     assert manager.pid is not None
