@@ -39,7 +39,7 @@ from capl.ports.virt import GuestFile, GuestFileState
 from capl.virt.storage import is_test_driver
 from capl.virt.support import code_of, lookup
 
-__all__ = ["AGENT_TIMEOUT", "read_file"]
+__all__ = ["AGENT_TIMEOUT", "NO_AGENT", "read_file"]
 
 AGENT_TIMEOUT = 5
 """Seconds libvirt waits for the agent's answer to one command."""
@@ -63,6 +63,9 @@ _UNSUPPORTED_CODES = frozenset(
 #: Texts of agent-side refusals (the command is disabled or unknown to this agent).
 _REFUSED = ("has been disabled", "has not been found", "CommandNotFound", "CommandDisabled")
 _ABSENT = "No such file or directory"
+NO_AGENT = GuestFile(state=GuestFileState.UNSUPPORTED, detail="the test driver has no guest agent")
+"""The answer on the test driver, known without a call (``LibvirtHost.read_guest_file`` gives
+it without a worker thread)."""
 
 
 class _Answer(Exception):
@@ -129,9 +132,7 @@ def read_file(c: Any, uuid: str, path: str, limit: int) -> GuestFile:
     """Up to ``limit`` bytes of ``path`` in the guest of domain ``uuid`` (see the module
     docstring for the states). DomainNotFound when the domain does not exist."""
     if is_test_driver(c):
-        return GuestFile(
-            state=GuestFileState.UNSUPPORTED, detail="the test driver has no guest agent"
-        )
+        return NO_AGENT
     domain = lookup(lambda: c.lookupByUUIDString(uuid), libvirt.VIR_ERR_NO_DOMAIN)
     if domain is None:
         raise DomainNotFound(f"domain {uuid} does not exist")

@@ -44,6 +44,8 @@ from capl.ports.virt import (
     HostInfo,
     ImageSource,
     InterfaceAddress,
+    MachineVolumePaths,
+    MachineVolumes,
     NetworkInfo,
     NetworkSpec,
     PoolInfo,
@@ -54,7 +56,7 @@ from capl.ports.virt import (
     VolumeRef,
     VolumeTail,
 )
-from capl.virt import agent, download, hardware, network_hosts, storage
+from capl.virt import agent, download, hardware, machine_volumes, network_hosts, storage
 from capl.virt import domain as domains
 from capl.virt import network as networks
 from capl.virt.connection import HostConnection
@@ -249,6 +251,28 @@ class LibvirtHost(Day2Operations):
             )
         except VirtError:  # the base image may be gone: check it again next time
             self._importer.forget(self.host_id, pool, base.name)
+            raise
+
+    async def create_machine_volumes(
+        self, request: MachineVolumes, *, on_step: Callable[[str], None] | None = None
+    ) -> MachineVolumePaths:
+        pool = request.pool
+
+        def op(c: Any) -> MachineVolumePaths:
+            with self._locks.get("pool", pool):
+                return machine_volumes.create_machine_volumes(
+                    c, self.host_id, request, drivers=self._pools, on_step=on_step
+                )
+
+        try:
+            return await self._conn.run(
+                f"create the volumes of domain {request.domain_name} in pool {pool}",
+                op,
+                serial=f"pool:{pool}",
+                time_limit=self._conn.long_call_timeout,  # it uploads the bootstrap volume
+            )
+        except VirtError:  # the base image may be gone: check it again next time
+            self._importer.forget(self.host_id, pool, request.backing.volume.name)
             raise
 
     async def create_volume(
@@ -556,6 +580,8 @@ class LibvirtHost(Day2Operations):
         )
 
     async def read_guest_file(self, uuid: str, path: str, *, limit: int = 4096) -> GuestFile:
+        if self._conn.plan.driver == "test":  # no agent: the answer needs no worker thread
+            return agent.NO_AGENT
         return await self._conn.run(
             f"read a file in domain {uuid} through the guest agent",
             lambda c: agent.read_file(c, uuid, path, limit),

@@ -44,6 +44,7 @@ from capl.virt.support import code_of, ignore_codes, lookup, retry_busy
 __all__ = [
     "UPLOAD_CHUNK",
     "create_volume",
+    "create_volume_handle",
     "delete_handle",
     "delete_pool",
     "delete_volume",
@@ -54,6 +55,7 @@ __all__ = [
     "lookup_pool",
     "lookup_volume",
     "upload_bytes",
+    "upload_handle",
     "volume_info",
 ]
 
@@ -239,6 +241,31 @@ def create_volume(
 
     Creation is tried first (a new volume is the common case: one lookup saved); when it
     fails and a volume of that name exists, that volume is the answer."""
+    volume = create_volume_handle(
+        c,
+        pool_name,
+        name,
+        drivers=drivers,
+        capacity_bytes=capacity_bytes,
+        format=format,
+        backing_path=backing_path,
+        backing_format=backing_format,
+    )
+    return volume_info(volume, pool=pool_name)
+
+
+def create_volume_handle(
+    c: Any,
+    pool_name: str,
+    name: str,
+    *,
+    drivers: PoolDrivers,
+    capacity_bytes: int,
+    format: VolumeFormat,
+    backing_path: str | None = None,
+    backing_format: str | None = None,
+) -> Any:
+    """``create_volume``'s volume as a libvirt handle, its description not read (a call)."""
     pool = lookup_pool(c, pool_name)
     xml = drivers.of(pool).volume_xml(
         VolumeRequest(
@@ -250,13 +277,12 @@ def create_volume(
         )
     )
     try:
-        volume = retry_busy(lambda: pool.createXML(xml, 0))
+        return retry_busy(lambda: pool.createXML(xml, 0))
     except libvirt.libvirtError:
         existing = lookup_volume(pool, name)
         if existing is None:
             raise
-        return volume_info(existing, pool=pool_name)
-    return volume_info(volume, pool=pool_name)
+        return existing
 
 
 def delete_volume(c: Any, pool_name: str, name: str) -> bool:
@@ -284,6 +310,15 @@ def upload_bytes(
 ) -> VolumeInfo:
     """Replace volume ``name`` with ``data`` (deleted again if the upload fails). Creation
     is tried first; only when it fails is an existing volume of that name deleted."""
+    volume, info = upload_handle(c, pool_name, name, data, drivers=drivers)
+    return info if info is not None else volume_info(volume, pool=pool_name)
+
+
+def upload_handle(
+    c: Any, pool_name: str, name: str, data: bytes, *, drivers: PoolDrivers
+) -> tuple[Any, VolumeInfo | None]:
+    """``upload_bytes``'s volume as a libvirt handle, with its description when the upload
+    read it (to check the size written; the test driver writes nothing and reads nothing)."""
     pool = lookup_pool(c, pool_name)
     test_driver = is_test_driver(c)
     xml = drivers.of(pool).volume_xml(
@@ -300,7 +335,7 @@ def upload_bytes(
         retry_busy(lambda: ignore_codes(lambda: existing.delete(0), _NO_VOL))
         volume = retry_busy(lambda: pool.createXML(xml, 0))
     if test_driver:
-        return volume_info(volume, pool=pool_name)
+        return volume, None
     try:
         _stream_into(c, volume, data)
         info = volume_info(volume, pool=pool_name)  # the XML read re-reads the file's size
@@ -309,7 +344,7 @@ def upload_bytes(
     except BaseException:
         retry_busy(lambda: ignore_codes(lambda: volume.delete(0), _NO_VOL))
         raise
-    return info
+    return volume, info
 
 
 def _stream_into(c: Any, volume: Any, data: bytes) -> None:

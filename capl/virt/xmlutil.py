@@ -30,6 +30,7 @@ ET.register_namespace(CAPL_XML_PREFIX, CAPL_XML_NAMESPACE)
 # where XML would tolerate them. Tab/newline are allowed only in free text (``text``).
 _ILLEGAL_ANYWHERE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
 _LINE_BREAKS = re.compile("[\t\n\r]")
+_CARRIAGE_RETURN = re.compile("\r")
 
 
 def text(value: str, *, field: str) -> str:
@@ -37,7 +38,7 @@ def text(value: str, *, field: str) -> str:
 
     A carriage return is refused too: XML parsers normalise it to a line feed, so the value
     would not read back as written."""
-    match = _ILLEGAL_ANYWHERE.search(value) or re.search("\r", value)
+    match = _ILLEGAL_ANYWHERE.search(value) or _CARRIAGE_RETURN.search(value)
     if match:
         raise InvalidSpec(
             f"{field} contains the control character U+{ord(match.group()):04X}, "

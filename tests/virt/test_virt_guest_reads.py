@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from capl.ports.virt import GuestFileState
 from capl.virt import LibvirtHost, LibvirtHosts
 
@@ -23,3 +25,16 @@ async def test_guest_file_on_the_test_driver_is_unsupported(
         await host.read_volume_tail(pool="default-pool", name="x-console.log", limit=4096) is None
     )
     assert hosts.calls.total(host.host_id) == before
+
+
+async def test_guest_file_on_the_test_driver_takes_no_worker_thread(
+    host: LibvirtHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer is known on the asyncio side: no call is handed to a worker thread."""
+
+    async def no_call(*args: object, **kwargs: object) -> object:
+        raise AssertionError("read_guest_file handed a call to a worker thread")
+
+    monkeypatch.setattr(host.connection, "run", no_call)
+    found = await host.read_guest_file(str(uuid.uuid4()), "/etc/hostname")
+    assert found.state is GuestFileState.UNSUPPORTED

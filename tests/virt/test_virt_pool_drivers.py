@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 import xml.etree.ElementTree as ET
+from typing import Any
 
 import pytest
 
@@ -45,6 +46,9 @@ class LogicalPool:
         ET.SubElement(root, "name").text = request.name
         ET.SubElement(root, "capacity", unit="bytes").text = str(request.capacity_bytes)
         return ET.tostring(root, encoding="unicode")
+
+    def volume_path(self, volume: Any) -> str:
+        return str(volume.path())  # a logical volume's key is not its path
 
     def disk_source(self, disk: DiskSpec, *, field: str) -> DiskSource:
         return DiskSource(disk_type="block", source=ET.Element("source", dev=disk.path))

@@ -12,8 +12,12 @@ import asyncio
 import hashlib
 import re
 import secrets
+import threading
+import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from typing import Any
 
 import libvirt
 import pytest
@@ -32,6 +36,7 @@ from capl.ports.virt import (
     ClusterOwner,
     ImageFromURL,
     ImageFromVolume,
+    MachineVolumes,
     PoolSpec,
     VolumeFormat,
 )
@@ -348,3 +353,89 @@ async def test_a_base_image_is_checked_once_until_it_is_deleted(
     assert await host.delete_volume(pool=name, name="capl-base-k")
     with pytest.raises(ImageError, match="does not exist"):
         await host.ensure_base_image(pool=name, name="capl-base-k", source=source)
+
+
+async def test_a_machines_volumes_are_made_in_one_operation(
+    hosts: LibvirtHosts, host: LibvirtHost, pool: tuple[str, ClusterOwner]
+) -> None:
+    """Host.create_machine_volumes: the name check, root overlay, extra disk and bootstrap
+    volume in one worker-thread operation, the steps in order on that thread, the paths as
+    the volumes' own descriptions give them, without reading those descriptions; a domain
+    of that name with another UUID: nothing is made."""
+    name, _ = pool
+    await host.create_volume(pool=name, name="capl-base-b", capacity_bytes=2 * GIB)
+    image = await host.ensure_base_image(
+        pool=name, name="capl-base-b", source=ImageFromVolume(name="capl-base-b")
+    )
+    request = MachineVolumes(
+        pool=name,
+        domain_name="capl-test-mv-" + secrets.token_hex(3),
+        domain_uuid=str(uuid.uuid4()),
+        root="capl-mv-root.qcow2",
+        backing=image,
+        root_capacity_bytes=GIB,
+        extras=(("capl-mv-data-0.qcow2", 3 * GIB),),
+        bootstrap="capl-mv-ignition.ign",
+        bootstrap_data=b'{"ignition": {"version": "3.4.0"}}',
+    )
+    assert "3.4.0" not in repr(request)  # secret material is never shown
+    steps: list[tuple[str, bool]] = []
+
+    def step(what: str) -> None:
+        steps.append((what, threading.current_thread() is threading.main_thread()))
+
+    handed = 0
+    run = host.connection.run
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal handed
+        handed += 1
+        return await run(*args, **kwargs)
+
+    before = hosts.calls.snapshot()[host.host_id]
+    host.connection.run = counted  # type: ignore[method-assign]
+    try:
+        made = await host.create_machine_volumes(request, on_step=step)
+    finally:
+        del host.connection.run
+    after = hosts.calls.snapshot()[host.host_id]
+    assert handed == 1
+    assert steps == [("root-volume", False), ("extra-volumes", False), ("bootstrap-volume", False)]
+    assert {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)} == {
+        "virConnect.lookupByName": 1,
+        "virStoragePool.createXML": 3,
+    }
+    assert made.holder is None
+    root = await host.get_volume(pool=name, name=request.root)
+    data = await host.get_volume(pool=name, name="capl-mv-data-0.qcow2")
+    ignition = await host.get_volume(pool=name, name=request.bootstrap)
+    assert root is not None
+    assert data is not None
+    assert ignition is not None
+    assert (made.root, made.extras, made.bootstrap) == (root.path, (data.path,), ignition.path)
+    assert root.backing_path == image.volume.path
+    assert root.capacity_bytes == 2 * GIB  # raised to the backing image's size
+    assert data.capacity_bytes == 3 * GIB
+    assert ignition.capacity_bytes == len(request.bootstrap_data)
+    # again: existing volumes are kept (the bootstrap volume is written anew)
+    assert await host.create_machine_volumes(request) == made
+
+    conn = libvirt.open(URI)
+    try:
+        foreign = conn.defineXML(
+            f"<domain type='test'><name>{request.domain_name}</name>"
+            "<memory unit='MiB'>64</memory><os><type arch='x86_64'>hvm</type></os></domain>"
+        )
+        try:
+            other = replace(request, root="capl-mv2-root.qcow2", bootstrap="capl-mv2.ign")
+            held = await host.create_machine_volumes(other, on_step=step)
+            assert held.holder is not None
+            assert held.holder.uuid == foreign.UUIDString()
+            assert (held.root, held.extras, held.bootstrap) == ("", (), "")
+            assert await host.get_volume(pool=name, name=other.root) is None
+            assert await host.get_volume(pool=name, name=other.bootstrap) is None
+            assert len(steps) == 3  # no step of the refused request ran
+        finally:
+            foreign.undefine()
+    finally:
+        conn.close()

@@ -3,11 +3,11 @@
 Only while no domain with the machine's UUID exists; each step idempotent, each a
 fault-injection point (`CAPL_FAULT`, see `plan.fault_point`):
 
-    name-collision check -> base image (shared import) -> root overlay -> extra disks ->
+    base image (shared import) -> name-collision check, root overlay, extra disks and
     bootstrap volume (Ignition file for fw_cfg, or NoCloud ISO; re-uploaded on every attempt
-    until the domain exists, never afterwards: a changed Secret never recreates the VM) ->
-    DHCP reservations and the DNS name (`capl.controllers.machine.network`) -> define ->
-    start.
+    until the domain exists, never afterwards: a changed Secret never recreates the VM), in
+    one operation on the pool's thread (`Host.create_machine_volumes`) -> DHCP reservations
+    and the DNS name (`capl.controllers.machine.network`) -> define -> start.
 
 Storage comes first: it is what usually fails (image, space), and then no address was
 reserved for nothing. A failed attempt rolls back what it created (volumes, reservations,
@@ -47,7 +47,14 @@ from capl.controllers.machine.target import Identity, Target
 from capl.ports.bootstrap import build_nocloud_iso
 from capl.ports.errors import ForeignDomainError, PoolNotFound, VirtError
 from capl.ports.naming import MachineNames
-from capl.ports.virt import DomainInfo, DomainOwner, Host, InterfaceAddress
+from capl.ports.virt import (
+    DomainInfo,
+    DomainOwner,
+    Host,
+    InterfaceAddress,
+    MachineVolumePaths,
+    MachineVolumes,
+)
 from capl.runtime.conditions import get_condition
 from capl.runtime.objects import ObjectKey
 from capl.runtime.resources import SECRET
@@ -105,29 +112,16 @@ async def _create_steps(
     on, spec = scope.on, scope.lm.spec
     target, ident, domain_uuid = on.target, on.ident, on.domain_uuid
     host, names = target.host, ident.names
-    holder = await host.find_domain(names.domain)
-    if holder is not None and holder.uuid.lower() != domain_uuid:
-        held_by = (
-            f"machine {holder.owner.namespace}/{holder.owner.name}"
-            if holder.owner
-            else "no capl owner tag"
-        )
-        raise ForeignDomainError(
-            f"a domain named {names.domain!r} ({holder.uuid}, {held_by}) already exists on "
-            f"host {target.name}; it is left untouched",
-            name=names.domain,
-        )
     info = target.info or await host.info()
     target.info = info
     # storage first: it is what usually fails (image, space), and then no address was
     # reserved for nothing
     # IPAM addresses of NICs outside capl's DHCP: static configuration (ipam, plan_ipam)
     bootstrap = with_static_addresses(bootstrap, scope.ipam_static)
-    root_path, extras, ignition_path, cidata_path = await _create_storage(
-        target, spec, ident, bootstrap
-    )
+    volumes = await _create_storage(target, spec, ident, domain_uuid, bootstrap)
     nics = await reserve_addresses(scope.ctx, target, spec, ident, on.fqdn)
     domain_type = info.best_domain_type if spec.domain_type == "auto" else spec.domain_type
+    ignition = bootstrap.format is c.BootstrapFormat.IGNITION
     domain_spec = build_domain_spec(
         names=names,
         uuid=domain_uuid,
@@ -135,20 +129,24 @@ async def _create_steps(
         spec=spec,
         domain_type=domain_type,
         arch=info.arch or "x86_64",
-        root_path=root_path,
-        extra_paths=extras,
-        ignition_path=ignition_path,
-        cidata_path=cidata_path,
+        root_path=volumes.root,
+        extra_paths=[
+            (disk.name, path)
+            for disk, path in zip(spec.extra_disks or (), volumes.extras, strict=True)
+        ],
+        ignition_path=volumes.bootstrap if ignition else None,
+        cidata_path=None if ignition else volumes.bootstrap,
         nics=nics,
-        console_log=posixpath.join(posixpath.dirname(root_path), names.console_log),
+        console_log=posixpath.join(posixpath.dirname(volumes.root), names.console_log),
     )
-    # neither the UUID (ensure_domain, or fresh) nor the name (above) exists: no look-up
-    # again; defined and started in one operation (its STARTED event is our own echo)
+    # neither the UUID (ensure_domain, or fresh) nor the name (the volumes' check) exists:
+    # no look-up again; defined and started in one operation (its STARTED event is our own
+    # echo)
     starts = scope.ctx.memory.own_starts
     starts.add(domain_uuid, now=scope.ctx.deps.clock.now())
     try:
         started = await host.create_domain(
-            domain_spec, absent=holder is None, on_defined=_domain_defined
+            domain_spec, absent=volumes.holder is None, on_defined=_domain_defined
         )
     except BaseException:
         starts.discard(domain_uuid)
@@ -163,43 +161,59 @@ def _domain_defined() -> None:
 
 
 async def _create_storage(
-    target: Target, spec: LibvirtMachineSpec, ident: Identity, bootstrap: BootstrapData
-) -> tuple[str, list[tuple[str, str]], str | None, str | None]:
-    """Base image, root overlay, extra disks, bootstrap volume: (root path, extra disks,
-    Ignition path, NoCloud ISO path)."""
+    target: Target,
+    spec: LibvirtMachineSpec,
+    ident: Identity,
+    domain_uuid: str,
+    bootstrap: BootstrapData,
+) -> MachineVolumePaths:
+    """Base image, then in one operation the name check, root overlay, extra disks and
+    bootstrap volume (Ignition file or NoCloud ISO). A domain of the machine's name with
+    another UUID: ForeignDomainError, nothing made."""
     host, names = target.host, ident.names
     plan = image_plan(spec)
     base = await host.ensure_base_image(pool=target.pool, name=plan.volume, source=plan.source)
     fault_point("base-image")
-    capacity = spec.root_volume.size_gib * 1024**3 if spec.root_volume else 0
-    root = await host.create_overlay(
-        pool=target.pool, name=names.root_volume, backing=base, capacity_bytes=capacity
-    )
-    fault_point("root-volume")
-    extras: list[tuple[str, str]] = []
-    for index, disk in enumerate(spec.extra_disks or ()):
-        volume = await host.create_volume(
-            pool=target.pool,
-            name=names.extra_volume(index),
-            capacity_bytes=disk.size_gib * 1024**3,
-        )
-        extras.append((disk.name, volume.path))
-    fault_point("extra-volumes")
     if bootstrap.format is c.BootstrapFormat.IGNITION:
-        volume = await host.upload_volume(
-            pool=target.pool, name=names.ignition_volume, data=bootstrap.data
+        bootstrap_name, data = names.ignition_volume, bootstrap.data
+    else:
+        bootstrap_name = names.cidata_volume
+        data = build_nocloud_iso(
+            user_data=bootstrap.data,
+            instance_id=ident.uid,
+            hostname=ident.hostname,
+            network_config=bootstrap.network_config,
         )
-        fault_point("bootstrap-volume")
-        return root.path, extras, volume.path, None
-    iso = build_nocloud_iso(
-        user_data=bootstrap.data,
-        instance_id=ident.uid,
-        hostname=ident.hostname,
-        network_config=bootstrap.network_config,
+    volumes = await host.create_machine_volumes(
+        MachineVolumes(
+            pool=target.pool,
+            domain_name=names.domain,
+            domain_uuid=domain_uuid,
+            root=names.root_volume,
+            backing=base,
+            root_capacity_bytes=spec.root_volume.size_gib * 1024**3 if spec.root_volume else 0,
+            extras=tuple(
+                (names.extra_volume(index), disk.size_gib * 1024**3)
+                for index, disk in enumerate(spec.extra_disks or ())
+            ),
+            bootstrap=bootstrap_name,
+            bootstrap_data=data,
+        ),
+        on_step=fault_point,
     )
-    volume = await host.upload_volume(pool=target.pool, name=names.cidata_volume, data=iso)
-    fault_point("bootstrap-volume")
-    return root.path, extras, None, volume.path
+    holder = volumes.holder
+    if holder is not None and holder.uuid.lower() != domain_uuid:
+        held_by = (
+            f"machine {holder.owner.namespace}/{holder.owner.name}"
+            if holder.owner
+            else "no capl owner tag"
+        )
+        raise ForeignDomainError(
+            f"a domain named {names.domain!r} ({holder.uuid}, {held_by}) already exists on "
+            f"host {target.name}; it is left untouched",
+            name=names.domain,
+        )
+    return volumes
 
 
 async def start_domain(

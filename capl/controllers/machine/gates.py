@@ -17,7 +17,13 @@ import structlog
 from capl.api import constants as c
 from capl.api.capi import Cluster, Machine
 from capl.api.machine import LibvirtMachine
-from capl.controllers.common import add_finalizer, libvirt_cluster_of, owner, parse, paused
+from capl.controllers.common import (
+    add_finalizer,
+    libvirt_cluster_of,
+    owner,
+    parse_cached,
+    paused,
+)
 from capl.controllers.machine.options import LOGGER
 from capl.controllers.machine.plan import fault_point
 from capl.controllers.machine.plan_placement import PLACEMENT_ANNOTATION
@@ -51,11 +57,11 @@ def owner_machine(scope: MachineScope) -> bool:
     if machine_raw is None:
         log.debug("owner Machine not in the cache yet", machine=ref.name)
         return False
-    scope.machine = parse(Machine, machine_raw)
+    scope.machine = parse_cached(Machine, machine_raw)
     name = scope.lm.metadata.label(c.CLUSTER_NAME_LABEL) or scope.machine.spec.cluster_name
     scope.cluster_name = name
     cluster_raw = cache.get(CLUSTER, ObjectKey(scope.namespace, name)) if name else None
-    scope.cluster = None if cluster_raw is None else parse(Cluster, cluster_raw)
+    scope.cluster = None if cluster_raw is None else parse_cached(Cluster, cluster_raw)
     return True
 
 

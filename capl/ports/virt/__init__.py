@@ -75,6 +75,8 @@ from capl.ports.virt.domains import (
     GuestFileState,
     HostDomains,
     InterfaceAddress,
+    MachineVolumePaths,
+    MachineVolumes,
     NicSpec,
     StopResult,
 )
@@ -205,6 +207,8 @@ __all__ = [
     "ImageFromVolume",
     "ImageSource",
     "InterfaceAddress",
+    "MachineVolumePaths",
+    "MachineVolumes",
     "MdevSelector",
     "MigrationAborted",
     "MigrationFailed",

@@ -10,7 +10,7 @@ from typing import Protocol
 
 from capl.ports.virt.hardware import DomainHardware
 from capl.ports.virt.identity import DomainOwner, HostId
-from capl.ports.virt.storage import DIR_POOL, VolumeFormat
+from capl.ports.virt.storage import DIR_POOL, BaseImage, VolumeFormat
 
 __all__ = [
     "AddressSource",
@@ -27,6 +27,8 @@ __all__ = [
     "GuestFileState",
     "HostDomains",
     "InterfaceAddress",
+    "MachineVolumePaths",
+    "MachineVolumes",
     "NicSpec",
     "StopResult",
 ]
@@ -209,8 +211,52 @@ class GuestFile:
     """Why the agent is unavailable or unsupported (libvirt's text), for debug logs."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MachineVolumes:
+    """The volumes of a new domain, made in one operation (``create_machine_volumes``): a
+    qcow2 overlay of ``backing``, empty qcow2 extra disks, and the bootstrap volume (raw,
+    ``bootstrap_data``: secret material, never shown)."""
+
+    pool: str
+    domain_name: str
+    domain_uuid: str
+    root: str
+    backing: BaseImage
+    root_capacity_bytes: int
+    extras: tuple[tuple[str, int], ...] = ()
+    """(volume name, capacity in bytes) of each extra disk."""
+    bootstrap: str
+    bootstrap_data: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MachineVolumePaths:
+    """What ``create_machine_volumes`` made: the paths to hand to the domain definition, or
+    nothing when ``holder`` is a domain of that name with another UUID."""
+
+    holder: DomainInfo | None
+    """The domain called ``domain_name`` before anything was made; None when there was none."""
+    root: str = ""
+    extras: tuple[str, ...] = ()
+    bootstrap: str = ""
+
+
 class HostDomains(Protocol):
     """The domain operations of a ``Host``."""
+
+    async def create_machine_volumes(
+        self, request: MachineVolumes, *, on_step: Callable[[str], None] | None = None
+    ) -> MachineVolumePaths:
+        """The storage of a domain about to be defined, as one operation on the pool's
+        thread (one hand-off instead of one per volume and one for the name check): look
+        up ``domain_name`` first (a holder with another UUID: nothing is made, see
+        ``MachineVolumePaths.holder``); then the root overlay (its capacity raised to the
+        backing image's virtual size), the extra disks and the bootstrap volume (replacing
+        an existing one, as ``upload_volume``), each kept when it exists. ``on_step`` runs
+        after each of the three, on the worker thread, with "root-volume", "extra-volumes",
+        "bootstrap-volume" (the crash tests' fault points). A failure leaves what was made
+        for the caller to remove."""
+        ...
 
     async def define_domain(self, spec: DomainSpec, *, absent: bool = False) -> DomainInfo:
         """Define (persistent) and set autostart. Existing domain with ``spec.uuid`` and our

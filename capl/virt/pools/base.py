@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from capl.ports.virt import DiskSpec, PoolSpec, VolumeFormat
 from capl.virt.storagexml import PoolXml
@@ -67,6 +67,11 @@ class PoolDriver(Protocol):
 
     def volume_xml(self, request: VolumeRequest) -> str:
         """The ``<volume>`` to create in a pool of this type."""
+        ...
+
+    def volume_path(self, volume: Any) -> str:
+        """The path of a volume of this pool type (a libvirt ``virStorageVol``) as a domain
+        disk names it, with no call to the host when the type allows (the volume's key)."""
         ...
 
     def disk_source(self, disk: DiskSpec, *, field: str) -> DiskSource:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import xml.etree.ElementTree as ET
+from typing import Any
 
 from capl.ports.virt import DIR_POOL, DiskSpec, PoolSpec, VolumeFormat
 from capl.virt.pools.base import DiskSource, VolumeRequest
@@ -87,6 +88,12 @@ class DirPool:
             backing_path=request.backing_path,
             backing_format=request.backing_format,
         )
+
+    def volume_path(self, volume: Any) -> str:
+        # a directory pool's volume key is the volume's file path (libvirt sets one from the
+        # other, for the test driver as well); the key comes with the handle, ``path()`` is a
+        # call to the host
+        return str(volume.key())
 
     def disk_source(self, disk: DiskSpec, *, field: str) -> DiskSource:
         source = ET.Element("source", file=line(disk.path, field=f"{field} path"))

@@ -57,6 +57,9 @@ class BlockPool:
         ET.SubElement(root, "capacity", unit="bytes").text = str(request.capacity_bytes)
         return ET.tostring(root, encoding="unicode")
 
+    def volume_path(self, volume: Any) -> str:
+        return str(volume.path())  # a logical volume's key is not its path
+
     def disk_source(self, disk: DiskSpec, *, field: str) -> DiskSource:
         return DiskSource(disk_type="block", source=ET.Element("source", dev=disk.path))
 
