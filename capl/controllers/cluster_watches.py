@@ -61,9 +61,11 @@ from capl.runtime.store import INDEX_CLUSTER, cluster_index_value
 
 __all__ = [
     "CREDENTIALS_INDEX",
+    "INDEX_MAINTENANCE",
     "INDEX_OWNER_CLUSTER",
     "MIGRATION_CHANGES",
     "ControlPlaneMachineChanges",
+    "add_maintenance_index",
     "add_owner_cluster_index",
     "control_plane_addresses",
     "credentials_indexer",
@@ -215,20 +217,40 @@ def _has_maintenance(obj: Obj) -> bool:
     )
 
 
+INDEX_MAINTENANCE = "capl.maintenance"
+"""LibvirtClusters with a host in maintenance (`_has_maintenance`), by their own key
+("namespace/name"): a machine event asks `in_maintenance` without decoding a LibvirtCluster
+or Cluster while no host is in maintenance (the common case)."""
+
+
+def maintenance_indexer(obj: Obj) -> Iterable[str]:
+    if not _has_maintenance(obj):
+        return ()
+    return (cluster_index_value(meta(obj).get("namespace") or "", str(meta(obj)["name"])),)
+
+
+def add_maintenance_index(cache: Cache) -> None:
+    """Add INDEX_MAINTENANCE to the LibvirtCluster informer (once; idempotent)."""
+    cache.informer(LIBVIRT_CLUSTER).add_indexer(INDEX_MAINTENANCE, maintenance_indexer)
+
+
 def in_maintenance(cache: Cache, machine: Obj) -> bool:
     """Whether a LibvirtCluster of the machine's cluster has a host in maintenance (from the
-    cache): only then does a machine's placement matter to the cluster's reconcile. Without
-    it, every new machine (hostName, then status.host) would wake the whole cluster reconcile
-    (network, pool, endpoint: it reads the network's whole definition) twice for nothing."""
+    cache; `add_maintenance_index` first): only then does a machine's placement matter to the
+    cluster's reconcile. Without it, every new machine (hostName, then status.host) would wake
+    the whole cluster reconcile (network, pool, endpoint: it reads the network's whole
+    definition) twice for nothing."""
+    busy = cache.index_values(LIBVIRT_CLUSTER, INDEX_MAINTENANCE)
+    if not busy:
+        return False
     cluster = labels(machine).get(c.CLUSTER_NAME_LABEL) or get_path(machine, "spec", "clusterName")
     if not cluster:
         return False
     namespace = meta(machine).get("namespace") or ""
-    for key in libvirt_clusters_of(cache, namespace=namespace, cluster=str(cluster)):
-        obj = cache.get(LIBVIRT_CLUSTER, key)
-        if obj is not None and _has_maintenance(obj):
-            return True
-    return False
+    return any(
+        cluster_index_value(key.namespace, key.name) in busy
+        for key in libvirt_clusters_of(cache, namespace=namespace, cluster=str(cluster))
+    )
 
 
 class ControlPlaneMachineChanges:
@@ -241,6 +263,7 @@ class ControlPlaneMachineChanges:
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
         add_owner_cluster_index(cache)
+        add_maintenance_index(cache)
 
     def create(self, obj: Obj) -> bool:
         return is_control_plane_machine(self.cache, obj)
@@ -300,6 +323,12 @@ def watches(cache: Cache) -> list[Watch]:
     ]
 
 
+def _is_host_event(event: VirtEvent) -> bool:
+    """Only host (dis)connections concern the LibvirtClusters (two domain events per new
+    machine are not handed to the loop for nothing)."""
+    return isinstance(event, HostEvent)
+
+
 def host_event_trigger(
     deps: Deps, enqueue: Callable[[ObjectKey], None]
 ) -> Callable[[asyncio.Event], Any]:
@@ -316,7 +345,7 @@ def host_event_trigger(
                     break
 
     async def run(stop: asyncio.Event) -> None:
-        subscription = deps.hosts.subscribe(listener)
+        subscription = deps.hosts.subscribe(listener, wants=_is_host_event)
         try:
             await stop.wait()
         finally:

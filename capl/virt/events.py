@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 
 import libvirt
 
@@ -59,15 +60,21 @@ def ensure_event_loop() -> None:
 
 
 class EventSubscription:
-    __slots__ = ("_closed", "_hub", "listener", "loop")
+    __slots__ = ("_closed", "_hub", "listener", "loop", "wants")
 
     def __init__(
-        self, hub: EventHub, listener: VirtEventListener, loop: asyncio.AbstractEventLoop
+        self,
+        hub: EventHub,
+        listener: VirtEventListener,
+        loop: asyncio.AbstractEventLoop,
+        wants: Callable[[VirtEvent], bool] | None = None,
     ) -> None:
         self._hub = hub
         self._closed = False
         self.listener = listener
         self.loop = loop
+        self.wants = wants
+        """Decides on the publishing thread: an event it refuses is not handed to the loop."""
 
     @property
     def closed(self) -> bool:
@@ -93,8 +100,10 @@ class EventHub:
         self._lock = threading.Lock()
         self._subscriptions: list[EventSubscription] = []
 
-    def subscribe(self, listener: VirtEventListener) -> EventSubscription:
-        subscription = EventSubscription(self, listener, asyncio.get_running_loop())
+    def subscribe(
+        self, listener: VirtEventListener, *, wants: Callable[[VirtEvent], bool] | None = None
+    ) -> EventSubscription:
+        subscription = EventSubscription(self, listener, asyncio.get_running_loop(), wants)
         with self._lock:
             self._subscriptions.append(subscription)
         return subscription
@@ -110,6 +119,9 @@ class EventHub:
         for subscription in subscriptions:
             if subscription.closed:
                 continue
+            wants = subscription.wants
+            if wants is not None and not wants(event):
+                continue  # no hand-off to a loop that would drop it
             try:
                 subscription.loop.call_soon_threadsafe(subscription.deliver, event)
             except RuntimeError:  # its loop is closed: the subscriber is gone

@@ -17,10 +17,10 @@ import asyncio
 import hashlib
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from capl.ports.virt import HostId, HostOptions, VirtEventListener
+from capl.ports.virt import HostId, HostOptions, VirtEvent, VirtEventListener
 from capl.virt.connection import CALL_TIMEOUT, LONG_CALL_TIMEOUT, CallCounter, HostConnection
 from capl.virt.events import EventHub, EventSubscription
 from capl.virt.host import LibvirtHost
@@ -104,8 +104,10 @@ class LibvirtHosts:
         with self._lock:
             return [host for _, host in self._hosts.values()]
 
-    def subscribe(self, listener: VirtEventListener) -> EventSubscription:
-        return self._hub.subscribe(listener)
+    def subscribe(
+        self, listener: VirtEventListener, *, wants: Callable[[VirtEvent], bool] | None = None
+    ) -> EventSubscription:
+        return self._hub.subscribe(listener, wants=wants)
 
     async def forget(self, uri: str) -> None:
         with self._lock:

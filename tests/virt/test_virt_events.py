@@ -150,3 +150,33 @@ async def test_registry_reuses_and_replaces_hosts(hosts: LibvirtHosts) -> None:
     assert not await asyncio.to_thread(Path(new_directory).exists)
     with pytest.raises(HostUnreachable, match="closed"):
         await rotated.info()
+
+
+async def test_events_a_subscription_does_not_want_never_reach_its_loop(
+    hosts: LibvirtHosts,
+) -> None:
+    """``wants`` decides on libvirt's event thread: the listener of a subscription that
+    refuses definitions sees the start, and never the definition another subscriber sees."""
+    everything, picky = EventRecorder(), EventRecorder()
+    asked: list[VirtEvent] = []
+
+    def no_definitions(event: VirtEvent) -> bool:
+        asked.append(event)
+        return not (isinstance(event, DomainEvent) and event.kind is DomainEventKind.DEFINED)
+
+    first = hosts.subscribe(everything)
+    second = hosts.subscribe(picky, wants=no_definitions)
+    try:
+        host = hosts.get(uri=URI)
+        spec = _spec()
+        await host.define_domain(spec)
+        await host.start_domain(spec.uuid, owner=spec.owner)
+        await everything.wait_for(_domain_event(spec.uuid, DomainEventKind.DEFINED), "defined")
+        await picky.wait_for(_domain_event(spec.uuid, DomainEventKind.STARTED), "started")
+        assert not any(_domain_event(spec.uuid, DomainEventKind.DEFINED)(e) for e in picky.events)
+        assert any(_domain_event(spec.uuid, DomainEventKind.DEFINED)(e) for e in asked)
+        await host.destroy_domain(spec.uuid, owner=spec.owner)
+        await host.undefine_domain(spec.uuid, owner=spec.owner)
+    finally:
+        first.close()
+        second.close()

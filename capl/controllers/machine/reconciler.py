@@ -164,7 +164,7 @@ class LibvirtMachineReconciler:
 
     async def run_events(self, stop: asyncio.Event) -> None:
         """A manager runnable: libvirt domain/host events -> requeues, while leading."""
-        subscription = self.deps.hosts.subscribe(self.on_virt_event)
+        subscription = self.deps.hosts.subscribe(self.on_virt_event, wants=_worth_a_look)
         try:
             await stop.wait()
         finally:
@@ -343,6 +343,12 @@ class LibvirtMachineReconciler:
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+def _worth_a_look(event: VirtEvent) -> bool:
+    """On libvirt's event thread: a domain's definition (one per new machine, ours) is not
+    handed to the loop; `on_virt_event` would drop it there."""
+    return not (isinstance(event, DomainEvent) and event.kind is DomainEventKind.DEFINED)
 
 
 def _api_unavailable(exc: ApiError) -> bool:

@@ -3,13 +3,13 @@ parts) and the process-wide ``Hosts``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from capl.ports.virt.day2 import HostDay2
 from capl.ports.virt.domains import HostDomains
-from capl.ports.virt.events import Subscription, VirtEventListener
+from capl.ports.virt.events import Subscription, VirtEvent, VirtEventListener
 from capl.ports.virt.hardware import HostHardwarePart
 from capl.ports.virt.identity import HostId
 from capl.ports.virt.networks import HostNetworks
@@ -86,9 +86,13 @@ class Hosts(Protocol):
 
     def host_id(self, uri: str) -> HostId: ...
 
-    def subscribe(self, listener: VirtEventListener) -> Subscription:
+    def subscribe(
+        self, listener: VirtEventListener, *, wants: Callable[[VirtEvent], bool] | None = None
+    ) -> Subscription:
         """Deliver domain lifecycle and host connection events of every host to
-        ``listener``, called on the event loop that was running when subscribing."""
+        ``listener``, called on the event loop that was running when subscribing. ``wants``
+        (pure and quick: it runs on the thread that publishes, libvirt's event thread)
+        refuses events before they are handed to the loop."""
         ...
 
     async def forget(self, uri: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from capl.api import constants as c
@@ -14,7 +15,15 @@ from capl.controllers.cluster_watches import (
     libvirt_clusters_of,
     watches,
 )
-from capl.ports.virt import HostEvent, HostEventKind, HostId, VirtEventListener
+from capl.ports.virt import (
+    DomainEvent,
+    DomainEventKind,
+    HostEvent,
+    HostEventKind,
+    HostId,
+    VirtEvent,
+    VirtEventListener,
+)
 from capl.runtime.clock import FakeClock
 from capl.runtime.informer import Cache
 from capl.runtime.objects import Obj, ObjectKey
@@ -151,12 +160,16 @@ class FakeHosts:
 
     def __init__(self) -> None:
         self.listeners: list[VirtEventListener] = []
+        self.wants: list[Callable[[VirtEvent], bool] | None] = []
 
     def host_id(self, uri: str) -> HostId:
         return HostId(uri.split("?", 1)[0])
 
-    def subscribe(self, listener: VirtEventListener) -> Any:
+    def subscribe(
+        self, listener: VirtEventListener, *, wants: Callable[[VirtEvent], bool] | None = None
+    ) -> Any:
         self.listeners.append(listener)
+        self.wants.append(wants)
         hosts = self
 
         class Subscription:
@@ -185,6 +198,18 @@ async def test_host_events_requeue_the_clusters_using_the_host() -> None:
         HostEvent(host_id=HostId("qemu+ssh://root@kvm1/system"), kind=HostEventKind.CONNECTED)
     )
     assert enqueued == [ObjectKey(NS, "a")]
+    # domain events are refused on libvirt's thread, never handed to the loop
+    wants = hosts.wants[0]
+    assert wants is not None
+    assert wants(HostEvent(host_id=HostId("test:///default"), kind=HostEventKind.DISCONNECTED))
+    started = DomainEvent(
+        host_id=HostId("test:///default"),
+        uuid="u",
+        name="d",
+        kind=DomainEventKind.STARTED,
+        detail="booted",
+    )
+    assert not wants(started)
     stop.set()
     await task
     assert hosts.listeners == []

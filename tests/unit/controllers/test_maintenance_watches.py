@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from capl.api import constants as c
 from capl.controllers.cluster_watches import (
     MIGRATION_CHANGES,
@@ -97,6 +99,32 @@ def test_placement_changes_wake_the_cluster_only_while_a_host_is_in_maintenance(
     ended["status"] = {"hosts": [{"name": "kvm1", "maintenance": {"phase": "Evacuated"}}]}
     cache.store(LIBVIRT_CLUSTER).upsert(ended)  # status still reported: still woken
     assert predicate.update(placed, worker("kvm2"))
+
+
+def test_without_maintenance_a_placement_change_reads_no_cached_object(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The common case is answered from an index: no Cluster or LibvirtCluster is decoded
+    for each machine event; with maintenance elsewhere, only that cluster's machines wake."""
+    cache = Cache(FakeClient(), clock=FakeClock())
+    cache.store(LIBVIRT_CLUSTER).upsert(libvirt_cluster(maintenance=None))
+    predicate = ControlPlaneMachineChanges(cache)
+    new, placed = worker(None), worker()
+
+    def no_read(*args: object) -> None:
+        raise AssertionError("a cached object was read")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cache, "get", no_read)
+        assert not predicate.update(new, placed)
+    other = libvirt_cluster(maintenance="disk swap")
+    other["metadata"]["name"] = "lc2"
+    other["metadata"]["ownerReferences"][0]["name"] = "c2"
+    cache.store(LIBVIRT_CLUSTER).upsert(other)
+    assert not predicate.update(new, placed)  # c1's machine: c2's maintenance is not its own
+    moved = worker()
+    moved["metadata"]["labels"][c.CLUSTER_NAME_LABEL] = "c2"
+    assert predicate.update({**moved, "spec": {"hostName": None}}, moved)
 
 
 def test_evacuation_migrations_wake_their_libvirt_cluster() -> None:
