@@ -182,7 +182,9 @@ def define_and_start(
     """``define`` with ``absent``, then ``start`` of what it defined, then its addresses, on
     the same handle (see ``Host.create_domain``): the domain just defined is started and
     asked for its addresses through the object defineXML returned, without a look-up by UUID
-    in between. ``on_defined`` runs between the definition and the start."""
+    in between. ``on_defined`` runs between the definition and the start. A domain started
+    here is asked for its DHCP lease only: its guest agent cannot answer yet (it starts
+    with the guest, seconds later at the earliest), and the address polls ask both."""
     if not absent:
         info = define(c, host_id, spec)
         if on_defined is not None:
@@ -197,7 +199,7 @@ def define_and_start(
         on_defined()
     info = _start_object(domain, host_id, spec.owner, info)
     running = info.state is DomainState.RUNNING
-    return info, (_addresses(domain, spec.uuid) if running else [])
+    return info, (_addresses(domain, spec.uuid, _SOURCES[:1]) if running else [])
 
 
 def _require(c: Any, uuid: str, owner: DomainOwner) -> Any:
@@ -377,9 +379,11 @@ def domain_addresses(c: Any, uuid: str) -> list[InterfaceAddress]:
     return _addresses(domain, uuid)
 
 
-def _addresses(domain: Any, uuid: str) -> list[InterfaceAddress]:
+def _addresses(
+    domain: Any, uuid: str, sources: tuple[tuple[AddressSource, int], ...] = _SOURCES
+) -> list[InterfaceAddress]:
     found: dict[tuple[AddressSource, str, str], InterfaceAddress] = {}
-    for source, flag in _SOURCES:
+    for source, flag in sources:
         try:
             interfaces = domain.interfaceAddresses(flag, 0) or {}
         except libvirt.libvirtError as exc:

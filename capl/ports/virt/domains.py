@@ -278,7 +278,9 @@ class HostDomains(Protocol):
         ``domain_addresses`` in one operation: the domain just defined is started and asked
         for its addresses without being looked up again (two calls and two round trips
         through a worker thread fewer per machine). ``on_defined`` runs between the
-        definition and the start, on the worker thread (the crash tests' fault point)."""
+        definition and the start, on the worker thread (the crash tests' fault point). A
+        domain started by this call is asked for its DHCP lease only (its guest agent cannot
+        answer yet: it starts with the guest)."""
         ...
 
     async def get_domain(self, uuid: str) -> DomainInfo | None: ...
