@@ -93,6 +93,19 @@ class EventSubscription:
             log.exception("event listener failed on %s", type(event).__name__)
 
 
+def _wanted(subscription: EventSubscription, event: VirtEvent) -> bool:
+    """The subscription's ``wants``; one that fails lets the event through (the listener
+    decides again on its loop) and the other subscribers still get it."""
+    wants = subscription.wants
+    if wants is None:
+        return True
+    try:
+        return wants(event)
+    except Exception:
+        log.exception("event filter failed on %s", type(event).__name__)
+        return True
+
+
 class EventHub:
     """Thread-safe list of subscribers; ``publish`` may be called from any thread."""
 
@@ -119,8 +132,7 @@ class EventHub:
         for subscription in subscriptions:
             if subscription.closed:
                 continue
-            wants = subscription.wants
-            if wants is not None and not wants(event):
+            if not _wanted(subscription, event):
                 continue  # no hand-off to a loop that would drop it
             try:
                 subscription.loop.call_soon_threadsafe(subscription.deliver, event)

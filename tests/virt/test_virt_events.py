@@ -180,3 +180,24 @@ async def test_events_a_subscription_does_not_want_never_reach_its_loop(
     finally:
         first.close()
         second.close()
+
+
+async def test_a_failing_filter_lets_the_event_through(hosts: LibvirtHosts) -> None:
+    """A ``wants`` that raises neither breaks delivery to others nor loses the event."""
+    recorder, other = EventRecorder(), EventRecorder()
+
+    def broken(_event: VirtEvent) -> bool:
+        raise RuntimeError("filter bug")
+
+    first = hosts.subscribe(recorder, wants=broken)
+    second = hosts.subscribe(other)
+    try:
+        host = hosts.get(uri=URI)
+        spec = _spec()
+        await host.define_domain(spec)
+        await recorder.wait_for(_domain_event(spec.uuid, DomainEventKind.DEFINED), "defined")
+        await other.wait_for(_domain_event(spec.uuid, DomainEventKind.DEFINED), "defined")
+        await host.undefine_domain(spec.uuid, owner=spec.owner)
+    finally:
+        first.close()
+        second.close()
