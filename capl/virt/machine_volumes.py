@@ -17,6 +17,7 @@ from capl.ports.virt import HostId, MachineVolumePaths, MachineVolumes, VolumeFo
 from capl.virt import storage
 from capl.virt.domain import get_by_name
 from capl.virt.pools import PoolDrivers
+from capl.virt.pools.base import VolumeRequest
 
 __all__ = ["create_machine_volumes"]
 
@@ -41,18 +42,23 @@ def create_machine_volumes(
     root = storage.create_volume_handle(
         c,
         pool_name,
-        request.root,
+        VolumeRequest(
+            name=request.root,
+            capacity_bytes=max(request.root_capacity_bytes, base.virtual_size_bytes),
+            format=VolumeFormat.QCOW2,
+            backing_path=base.volume.path,
+            backing_format=backing_format,
+        ),
         drivers=drivers,
-        capacity_bytes=max(request.root_capacity_bytes, base.virtual_size_bytes),
-        format=VolumeFormat.QCOW2,
-        backing_path=base.volume.path,
-        backing_format=backing_format,
     )
     step("root-volume")
     extras = tuple(
         driver.volume_path(
             storage.create_volume_handle(
-                c, pool_name, name, drivers=drivers, capacity_bytes=size, format=VolumeFormat.QCOW2
+                c,
+                pool_name,
+                VolumeRequest(name=name, capacity_bytes=size, format=VolumeFormat.QCOW2),
+                drivers=drivers,
             )
         )
         for name, size in request.extras

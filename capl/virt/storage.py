@@ -241,45 +241,26 @@ def create_volume(
 
     Creation is tried first (a new volume is the common case: one lookup saved); when it
     fails and a volume of that name exists, that volume is the answer."""
-    volume = create_volume_handle(
-        c,
-        pool_name,
-        name,
-        drivers=drivers,
+    request = VolumeRequest(
+        name=name,
         capacity_bytes=capacity_bytes,
         format=format,
         backing_path=backing_path,
         backing_format=backing_format,
     )
-    return volume_info(volume, pool=pool_name)
+    return volume_info(create_volume_handle(c, pool_name, request, drivers=drivers), pool=pool_name)
 
 
 def create_volume_handle(
-    c: Any,
-    pool_name: str,
-    name: str,
-    *,
-    drivers: PoolDrivers,
-    capacity_bytes: int,
-    format: VolumeFormat,
-    backing_path: str | None = None,
-    backing_format: str | None = None,
+    c: Any, pool_name: str, request: VolumeRequest, *, drivers: PoolDrivers
 ) -> Any:
     """``create_volume``'s volume as a libvirt handle, its description not read (a call)."""
     pool = lookup_pool(c, pool_name)
-    xml = drivers.of(pool).volume_xml(
-        VolumeRequest(
-            name=name,
-            capacity_bytes=capacity_bytes,
-            format=format,
-            backing_path=backing_path,
-            backing_format=backing_format,
-        )
-    )
+    xml = drivers.of(pool).volume_xml(request)
     try:
         return retry_busy(lambda: pool.createXML(xml, 0))
     except libvirt.libvirtError:
-        existing = lookup_volume(pool, name)
+        existing = lookup_volume(pool, request.name)
         if existing is None:
             raise
         return existing
