@@ -449,6 +449,11 @@ class Cache:
         """Every value of `index` over the cached objects of `resource` (see Store)."""
         return self.informer(resource).store.index_values(index)
 
+    def index_view(self, resource: Resource, index: str) -> Mapping[str, object]:
+        """The values of `index` over the cached objects of `resource`, live and read-only
+        (see Store.index_view): membership without a copy."""
+        return self.informer(resource).store.index_view(index)
+
     def start(self, resources: ResourceList | None = None) -> None:
         for resource in resources if resources is not None else list(self._informers):
             self.informer(resource).start()

@@ -17,6 +17,7 @@ value held by one key (a domain UUID, an owner UID) keeps that key alone, not a 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
 
 import orjson
 
@@ -128,6 +129,14 @@ class Store:
         """Every value some object has in `index` (a copy; O(values), no object is read)."""
         try:
             return set(self._indices[index])
+        except KeyError:
+            raise KeyError(f"no index {index!r}") from None
+
+    def index_view(self, index: str) -> Mapping[str, object]:
+        """A read-only live view of `index` by value (O(1), nothing copied): for membership
+        tests, also from a worker thread (a dict look-up is atomic under the GIL)."""
+        try:
+            return MappingProxyType(self._indices[index])
         except KeyError:
             raise KeyError(f"no index {index!r}") from None
 

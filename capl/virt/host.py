@@ -378,7 +378,6 @@ class LibvirtHost(Day2Operations):
         exclude: Collection[str] = (),
         dns_hostnames: Sequence[str] = (),
     ) -> DhcpHost:
-        excluded = frozenset(exclude)
         dns_names = tuple(dns_hostnames)
 
         def op(c: Any) -> DhcpHost:
@@ -389,7 +388,7 @@ class LibvirtHost(Day2Operations):
                     mac=mac,
                     host_name=name,
                     ip=ip,
-                    exclude=excluded,
+                    exclude=exclude,  # a live view (the port): not copied
                     dns_hostnames=dns_names,
                     cache=self._networks,
                     generation=self._conn.generation,

@@ -29,7 +29,7 @@ MACs *and* its name, and its DNS name; not-found is success.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Final
 
 import structlog
@@ -45,7 +45,7 @@ from capl.controllers.machine.plan import (
     nic_mac,
     nic_plans,
 )
-from capl.controllers.machine.plan_addresses import internal_ips, restore_plan
+from capl.controllers.machine.plan_addresses import RecordedIps, internal_ips, restore_plan
 from capl.controllers.machine.scope import Context, MachineScope
 from capl.controllers.machine.target import Identity, Target
 from capl.ports.errors import AddressConflict, NetworkNotFound, Unsupported, VirtError
@@ -80,7 +80,7 @@ async def reserve_addresses(
     host = target.host
     nics: list[tuple[NicPlan, str]] = []
     first_ip: str | None = None
-    exclude: set[str] | None = None
+    exclude: RecordedIps | None = None
     for nic in nic_plans(
         spec, cluster_network=target.network or "", bridge_mode=target.bridge_mode
     ):
@@ -126,19 +126,17 @@ async def reserve_nic(ctx: Context, target: Target, nic: NicPlan, ident: Identit
     )
 
 
-def _recorded_ips(ctx: Context, ident: Identity) -> set[str]:
+def _recorded_ips(ctx: Context, ident: Identity) -> RecordedIps:
     """The InternalIPs other LibvirtMachines report (plan_addresses.recorded_ips), from the
-    cache's index instead of a scan of every machine."""
+    cache's index instead of a scan, and without a copy of it."""
     cache = ctx.cache
-    taken = cache.index_values(LIBVIRT_MACHINE, INDEX_INTERNAL_IP)
     key = ObjectKey(ident.namespace, ident.name)
     own = cache.get(LIBVIRT_MACHINE, key)
+    mine: list[str] = []
     if own is not None and meta(own).get("uid") == ident.uid:
         store = cache.store(LIBVIRT_MACHINE)
-        for ip in internal_ips(own):
-            if store.index_keys(INDEX_INTERNAL_IP, ip) == [key]:
-                taken.discard(ip)
-    return taken
+        mine = [ip for ip in internal_ips(own) if store.index_keys(INDEX_INTERNAL_IP, ip) == [key]]
+    return RecordedIps(cache.index_view(LIBVIRT_MACHINE, INDEX_INTERNAL_IP), mine)
 
 
 async def _reserve(
@@ -146,7 +144,7 @@ async def _reserve(
     network: str,
     nic: NicPlan,
     ident: Identity,
-    exclude: set[str],
+    exclude: Collection[str],
     dns: tuple[str, ...],
 ) -> tuple[str, str | None]:
     """(MAC, reserved IP) of a NIC on the cluster network (see plan: MACs); `dns` names
@@ -259,7 +257,9 @@ async def _restore_reservations(
     items = restore_plan(
         plans, nics, network=network, observed=observed, recorded=list(recorded), cidr=target.cidr
     )
-    exclude = _recorded_ips(scope.ctx, ident) if any(i.ip is None for i in items) else set()
+    exclude: RecordedIps | set[str] = (
+        _recorded_ips(scope.ctx, ident) if any(i.ip is None for i in items) else set()
+    )
     done: list[str] = []
     for index, item in enumerate(items):
         dhcp_name = item.plan.dhcp_name(ident.hostname)

@@ -4,8 +4,8 @@
   known address kept while a source reports nothing;
 - `restore_plan`: which reservations to make again in a re-created network: the MACs the
   domain's definition holds, the addresses the machine had;
-- `internal_ips`, `recorded_ips`: the InternalIPs machines report (the controller gets the
-  others' from an index of its cache instead of a scan).
+- `internal_ips`, `recorded_ips`: the InternalIPs machines report (the controller asks an
+  index of its cache instead, through `RecordedIps`: a membership test, not a copy).
 
 No I/O, no clock (see `capl.controllers.machine.plan`).
 """
@@ -13,7 +13,7 @@ No I/O, no clock (see `capl.controllers.machine.plan`).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,14 @@ from capl.api import constants as c
 from capl.controllers.machine.plan import NicPlan
 from capl.ports.virt import AddressSource, DomainNic, InterfaceAddress
 
-__all__ = ["Restore", "internal_ips", "merge_addresses", "recorded_ips", "restore_plan"]
+__all__ = [
+    "RecordedIps",
+    "Restore",
+    "internal_ips",
+    "merge_addresses",
+    "recorded_ips",
+    "restore_plan",
+]
 
 
 def _ip_key(ip: str) -> tuple[int, int]:
@@ -139,3 +146,33 @@ def recorded_ips(machines: Iterable[Mapping[str, Any]], *, skip_uid: str) -> set
             continue
         taken.update(internal_ips(obj))
     return taken
+
+
+class RecordedIps(Collection[str]):
+    """The InternalIPs other machines report, answered from a live index by address
+    (`taken`) less the addresses only this machine holds (`own`), plus those `add`ed here.
+
+    A reservation only asks "is this address taken?" of a few candidates: copying every
+    machine's addresses into a set for it was O(machines) per machine created. The view
+    is read where the host picks the address (a worker thread): a dict look-up there is
+    atomic, and an address recorded meanwhile is seen, not missed."""
+
+    __slots__ = ("_added", "_own", "_taken")
+
+    def __init__(self, taken: Mapping[str, object], own: Iterable[str] = ()) -> None:
+        self._taken = taken
+        self._own = frozenset(own)
+        self._added: set[str] = set()
+
+    def add(self, ip: str) -> None:
+        self._added.add(ip)
+
+    def __contains__(self, ip: object) -> bool:
+        return ip in self._added or (ip in self._taken and ip not in self._own)
+
+    def __iter__(self) -> Iterator[str]:
+        seen = [ip for ip in list(self._taken) if ip not in self._own]
+        return iter(seen + sorted(self._added.difference(seen)))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

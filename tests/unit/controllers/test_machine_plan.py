@@ -26,7 +26,7 @@ from capl.controllers.machine.plan import (
     owner_matches,
     read_bootstrap,
 )
-from capl.controllers.machine.plan_addresses import merge_addresses, recorded_ips
+from capl.controllers.machine.plan_addresses import RecordedIps, merge_addresses, recorded_ips
 from capl.controllers.machine.plan_orphans import OrphanTracker, accounts_for
 from capl.controllers.machine.plan_placement import (
     HostCandidate,
@@ -318,6 +318,21 @@ def test_recorded_ips_skip_self() -> None:
         },
     ]
     assert recorded_ips(machines, skip_uid="me") == {"1.1.1.1"}
+
+
+def test_recorded_ips_answer_from_the_live_index_without_copying_it() -> None:
+    index: dict[str, object] = {"10.0.0.2": "a", "10.0.0.3": "me"}
+    taken = RecordedIps(index, own=["10.0.0.3"])
+    assert "10.0.0.2" in taken
+    assert "10.0.0.3" not in taken  # only this machine reports it
+    assert "10.0.0.4" not in taken
+    index["10.0.0.4"] = "b"  # recorded meanwhile (another machine's status): seen
+    assert "10.0.0.4" in taken
+    taken.add("10.0.0.9")  # picked for an earlier NIC of this machine
+    assert "10.0.0.9" in taken
+    assert sorted(taken) == ["10.0.0.2", "10.0.0.4", "10.0.0.9"]
+    assert len(taken) == 3
+    assert 7 not in taken
 
 
 # --- errors, ownership -----------------------------------------------------------------------

@@ -8,6 +8,7 @@ import tracemalloc
 from typing import Any
 
 import orjson
+import pytest
 
 from capl.runtime.objects import ObjectKey
 from capl.runtime.store import INDEX_CLUSTER, Store
@@ -66,6 +67,20 @@ def test_index_buckets_move_between_one_key_and_a_set() -> None:
     # an index added later is built from the stored objects
     store.add_indexer("name", lambda obj: [obj["metadata"]["name"]])
     assert store.index_keys("name", "b") == [keys[1]]
+
+
+def test_an_index_view_is_live_and_read_only() -> None:
+    store = Store()
+    view = store.index_view(INDEX_CLUSTER)
+    assert "ns/c1" not in view
+    store.upsert(_obj("a", "c1"))
+    assert "ns/c1" in view  # no copy: it follows the store
+    store.upsert(_obj("a", "c2"))
+    assert set(view) == {"ns/c2"}
+    with pytest.raises(TypeError):
+        view["ns/c3"] = ObjectKey("ns", "x")  # type: ignore[index]
+    with pytest.raises(KeyError, match="no index 'nope'"):
+        store.index_view("nope")
 
 
 def test_a_stored_object_takes_about_its_encoded_size() -> None:
