@@ -150,10 +150,11 @@ async def _reserve(
     """(MAC, reserved IP) of a NIC on the cluster network (see plan: MACs); `dns` names
     join the reserved address's DNS record once the reservation is ours."""
     dhcp_name = nic.dhcp_name(ident.hostname)
-    candidates = mac_candidates(
+    tried: list[str] = []
+    for mac in mac_candidates(
         nic, cluster=ident.cluster, namespace=ident.namespace, name=ident.name
-    )
-    for mac in candidates:
+    ):
+        tried.append(mac)
         try:
             reservation = await host.ensure_dhcp_host(
                 network=network,
@@ -179,10 +180,10 @@ async def _reserve(
                 value=mac,
             )
     raise AddressConflict(
-        f"network {network!r}: the {len(candidates)} MAC addresses derived for this "
+        f"network {network!r}: the {len(tried)} MAC addresses derived for this "
         "machine are all reserved by other hosts; set spec.networkInterfaces[].mac",
         field="mac",
-        value=candidates[-1],
+        value=tried[-1],
     )
 
 

@@ -31,7 +31,7 @@ import base64
 import binascii
 import os
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -283,13 +283,16 @@ def nic_plans(
     return plans
 
 
-def mac_candidates(plan: NicPlan, *, cluster: str, namespace: str, name: str) -> list[str]:
+def mac_candidates(plan: NicPlan, *, cluster: str, namespace: str, name: str) -> Iterator[str]:
+    """The MACs a NIC may get, in order, each derived when asked (the first one is taken
+    almost always: a hash per candidate is not paid up front)."""
     if plan.mac:
-        return [plan.mac]
-    return [
-        nic_mac(cluster=cluster, namespace=namespace, name=name, index=plan.index, attempt=a)
-        for a in range(MAX_MAC_ATTEMPTS)
-    ]
+        yield plan.mac
+        return
+    for attempt in range(MAX_MAC_ATTEMPTS):
+        yield nic_mac(
+            cluster=cluster, namespace=namespace, name=name, index=plan.index, attempt=attempt
+        )
 
 
 # --- base image ------------------------------------------------------------------------------

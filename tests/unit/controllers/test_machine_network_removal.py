@@ -61,7 +61,7 @@ async def test_the_dns_name_goes_before_the_reservation_that_holds_its_address()
     """Interrupted between the two, the address must still be reserved: released first, it
     went to a new machine whose name then shared the left-over record and was lost with it
     (tests/chaos/test_manager_kill.py)."""
-    mac = mac_candidates(default_nic("net"), cluster="c1", namespace="ns", name="m1")[0]
+    mac = next(mac_candidates(default_nic("net"), cluster="c1", namespace="ns", name="m1"))
     host = _Host(
         _network(
             dhcp_hosts=(

@@ -180,8 +180,8 @@ def test_nic_plans_follow_the_spec() -> None:
     assert plans[0].mac == "52:54:00:aa:bb:cc"
     assert plans[0].dhcp_name("m") == "m"
     assert plans[1].dhcp_name("m") == "m-nic1"
-    assert mac_candidates(plans[0], cluster="c", namespace="ns", name="m") == [plans[0].mac]
-    derived = mac_candidates(plans[1], cluster="c", namespace="ns", name="m")
+    assert list(mac_candidates(plans[0], cluster="c", namespace="ns", name="m")) == [plans[0].mac]
+    derived = list(mac_candidates(plans[1], cluster="c", namespace="ns", name="m"))
     assert len(set(derived)) == MAX_MAC_ATTEMPTS
     first = mac_candidates(
         nic_plans(spec(), cluster_network="net", bridge_mode=False)[0],
