@@ -7,15 +7,18 @@ counted. The benchmark reads the counts ("libvirt calls per machine"). A stream 
 the proxy tells the handle's owner, which keeps that handle out of its pool until the stream
 is finished or aborted (``capl.virt.handles``).
 
-``remembered`` keeps the storage pools looked up by name on the connection handle that
-looked them up, so that the volume calls of a scale-out (two volumes per machine) do not
-each pay a look-up first. A remembered pool is dropped when this process defines or removes
-a pool or network on the host (``forget_lookups``: every handle of the host starts afresh),
+``remembered`` keeps the storage pools and networks looked up by name on the connection
+handle that looked them up, so that the volume and DHCP/DNS calls of a scale-out do not each
+pay a look-up first. A remembered object is dropped when this process defines or removes a
+pool or network on the host (``forget_lookups``: every handle of the host starts afresh),
 and from its handle when an operation fails with a not-found code (``LOOKUP_GONE``: removed
 or re-created by someone else), which is then run once more, looking up afresh
 (``HandlePool.invoke``). Handles die with their connection, and so does what they remember.
-Networks are looked up every time: the DHCP/DNS entry cache (``network_cache``) tells a
-network re-created behind this process's back by the looked-up handle's UUID.
+A network re-created behind this process's back keeps its name but not its UUID, and a
+handle names the network by both: the stale handle's first call fails. Every network
+operation makes a call on the handle before it answers (a removal deletes straight away, a
+positive answer of the DHCP/DNS entry cache is confirmed by a read, a negative one leads to
+an update or a lease read), so a stale handle is never answered from the entry cache alone.
 
 With ``CAPL_LIBVIRT_TRACE`` set, every counted call is also recorded (``capl.virt.calltrace``,
 for the work-floor benchmark).
@@ -42,8 +45,8 @@ _LOCAL_METHODS = frozenset(
     {"name", "UUIDString", "UUID", "key", "ID", "connect", "isAlive", "getURI"}
 )
 _STREAM_ENDS = frozenset({"finish", "abort"})
-LOOKUP_GONE = frozenset({libvirt.VIR_ERR_NO_STORAGE_POOL})
-"""Error codes that say a remembered pool handle may be stale (``remembered``)."""
+LOOKUP_GONE = frozenset({libvirt.VIR_ERR_NO_STORAGE_POOL, libvirt.VIR_ERR_NO_NETWORK})
+"""Error codes that say a remembered pool or network handle may be stale (``remembered``)."""
 _WRAPPED_TYPES = (
     libvirt.virDomain,
     libvirt.virNetwork,

@@ -30,6 +30,7 @@ from capl.ports.errors import (
     Unsupported,
 )
 from capl.ports.virt import ClusterOwner, DhcpLease, NetworkInfo, NetworkMode, NetworkSpec
+from capl.virt.counting import remembered
 from capl.virt.errors import is_unsupported_flags
 from capl.virt.network_cache import NetworkCache, NetworkEntries
 from capl.virt.networkxml import address_plan, build_network_xml, parse_network_xml
@@ -63,7 +64,10 @@ def lookup_network(c: Any, name: str) -> Any | None:
 
 
 def require_network(c: Any, name: str) -> Any:
-    network = lookup_network(c, name)
+    """The network for an operation on its entries or leases: remembered on the connection
+    handle (``counting.remembered``; a stale one fails its first call and is looked up
+    again)."""
+    network = remembered(c, "network", name, lambda: lookup_network(c, name))
     if network is None:
         raise NetworkNotFound(f"network {name!r} does not exist")
     return network

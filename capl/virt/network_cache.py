@@ -22,8 +22,12 @@ libvirt stays the source of truth, and a stale entry can never produce a duplica
   is created or deleted, and ignored after a reconnect (entries carry the connection
   generation they were read on) or when the network was re-created behind this
   process's back (entries carry the network UUID they were read from, compared with the
-  looked-up handle's UUID, which costs no call). A restarted manager starts with an
-  empty cache.
+  handle's UUID, which costs no call). Handles are remembered per connection handle
+  (``counting.remembered``): a handle from before the re-creation fails its first call on
+  libvirtd's network driver, which finds networks by UUID; the test driver finds them by
+  name and answers, so a read whose UUID is not the handle's raises ``NetworkNotFound``
+  with libvirt's not-found code — either way the operation runs once more on a handle
+  looked up afresh. A restarted manager starts with an empty cache.
 
 An address picked from a stale cache may only skip addresses someone else released in
 the meantime (they are picked up at the next refresh); the ``exclude`` set (addresses
@@ -38,7 +42,9 @@ import threading
 from collections.abc import Collection
 from typing import Any
 
-from capl.ports.errors import AddressExhausted
+import libvirt
+
+from capl.ports.errors import AddressExhausted, NetworkNotFound
 from capl.ports.virt import DhcpHost, DnsHost, NetworkInfo
 from capl.virt.networkxml import parse_network_xml
 
@@ -182,6 +188,11 @@ class NetworkCache:
     def refresh(self, network: Any, name: str, *, generation: int) -> NetworkEntries:
         """Read the network's live definition again (one XMLDesc) and cache it."""
         entries = NetworkEntries(_live(network), generation=generation)
+        if entries.uuid != uuid_of(network):  # see the module docstring
+            raise NetworkNotFound(
+                f"network {name!r} was re-created since this handle looked it up",
+                code=libvirt.VIR_ERR_NO_NETWORK,
+            )
         with self._guard:
             self.reads += 1
             self._entries[name] = entries

@@ -261,6 +261,33 @@ def test_cache_entries_from_another_connection_are_read_again() -> None:
     assert cache.cached("n", generation=2, uuid="2" * 32) is None
 
 
+async def test_reservations_look_the_network_up_once_per_connection_handle() -> None:
+    """The network is remembered on the connection handle (counting.remembered), as pools
+    are: a scale-out's reservations do not each pay a look-up by name first."""
+    registry = LibvirtHosts()
+    host = registry.get(uri=URI)
+    owner = ClusterOwner(namespace="ns", name="c-" + secrets.token_hex(3), uid="u")
+    name = "capl-cache-" + secrets.token_hex(4)
+    cidr = f"10.{secrets.randbelow(200) + 20}.{secrets.randbelow(256)}.0/24"
+    spec = NetworkSpec(name=name, mode=NetworkMode.ISOLATED, owner=owner, cidr=cidr)
+    try:
+        await host.ensure_network(spec)
+        registry.calls.reset()
+        for index in range(5):
+            await host.ensure_dhcp_host(
+                network=name, mac=f"52:54:00:41:00:0{index}", name=f"m{index}"
+            )
+        await host.add_dns_hostnames(
+            network=name, ip=cidr.replace("0/24", "9"), hostnames=["x.c.t"]
+        )
+        calls = registry.calls.snapshot()[host.host_id]
+        assert calls.get("virConnect.networkLookupByName", 0) == 1
+        assert calls.get("virNetwork.update", 0) == 6
+    finally:
+        await host.delete_network(name=name, owner=owner)
+        await registry.close()
+
+
 async def test_network_recreated_elsewhere_drops_the_cached_entries(
     other: libvirt.virConnect,
 ) -> None:
@@ -306,8 +333,10 @@ async def test_network_recreated_elsewhere_drops_the_cached_entries(
         assert again.ip == first.ip
         assert third.ip not in (first.ip, nxt)
         assert host.network_cache.reads == reads + 1  # one read of the new network
-        updates = registry.calls.snapshot()[host.host_id].get("virNetwork.update", 0)
-        assert updates == 2  # no refused update
+        calls = registry.calls.snapshot()[host.host_id]
+        assert calls.get("virNetwork.update", 0) == 2  # no refused update
+        # the remembered handle named the old network: looked up again once, then kept
+        assert calls.get("virConnect.networkLookupByName", 0) == 1
         dhcp, _ = _entries(other, name)
         assert sorted(h["mac"] for h in dhcp) == [
             "52:54:00:40:00:01",
