@@ -4,6 +4,7 @@ healed, unreachable hosts fail fast, credential files follow the host's lifetime
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import uuid
 from pathlib import Path
@@ -20,7 +21,7 @@ from capl.ports.virt import (
     HostEventKind,
     VirtEvent,
 )
-from capl.virt import LibvirtHost, LibvirtHosts
+from capl.virt import LibvirtHost, LibvirtHosts, events
 from tests.fixtures.virt import EventRecorder
 
 URI = "test:///default"
@@ -201,3 +202,17 @@ async def test_a_failing_filter_lets_the_event_through(hosts: LibvirtHosts) -> N
     finally:
         first.close()
         second.close()
+
+
+async def test_the_event_loop_thread_runs_nicer_than_the_process(hosts: LibvirtHosts) -> None:
+    """Each libvirt call wakes the event loop twice (its socket watch off and on): at a lower
+    priority the loop no longer preempts the worker thread each time (capl.virt.events)."""
+    hosts.get(uri=URI)  # the first host starts the loop
+    deadline = asyncio.get_running_loop().time() + DEADLINE
+    while events.event_thread_id is None:
+        assert asyncio.get_running_loop().time() < deadline, "the event loop thread did not start"
+        await asyncio.sleep(0.01)
+    process = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    wanted = min(19, process + events.EVENT_THREAD_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, events.event_thread_id) == wanted
+    assert wanted > process
