@@ -137,9 +137,9 @@ class HostNetworks(Protocol):
         """Reserve an address for ``mac`` (LIVE|CONFIG). Already reserved for this MAC: that
         reservation is returned (a different explicit ``ip`` raises AddressConflict). With
         ``ip=None`` a free address of the DHCP range is picked: not reserved, not leased,
-        not in ``exclude`` (addresses recorded in API objects; asked only ``in``, where the
-        host picks, so a live view fits: it must not change while it is iterated, and
-        is not copied). Serialized per network.
+        not in ``exclude`` (addresses recorded in API objects). ``exclude`` is not copied:
+        the host asks it ``in`` on a worker thread while it picks, so a live read-only view
+        fits. Serialized per network.
 
         ``dns_hostnames`` are merged into the DNS host record of the reserved address in
         the same locked read-modify-write (as ``add_dns_hostnames`` would), but only when the
