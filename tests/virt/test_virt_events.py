@@ -215,4 +215,4 @@ async def test_the_event_loop_thread_runs_nicer_than_the_process(hosts: LibvirtH
     process = os.getpriority(os.PRIO_PROCESS, os.getpid())
     wanted = min(19, process + events.EVENT_THREAD_NICE)
     assert os.getpriority(os.PRIO_PROCESS, events.event_thread_id) == wanted
-    assert wanted > process
+    assert wanted > process or process == 19  # already the lowest: nothing to lower
