@@ -12,6 +12,7 @@ import ipaddress
 import secrets
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import libvirt
@@ -261,91 +262,100 @@ def test_cache_entries_from_another_connection_are_read_again() -> None:
     assert cache.cached("n", generation=2, uuid="2" * 32) is None
 
 
-async def test_reservations_look_the_network_up_once_per_connection_handle() -> None:
-    """The network is remembered on the connection handle (counting.remembered), as pools
-    are: a scale-out's reservations do not each pay a look-up by name first."""
+@dataclass
+class _Counted:
+    """A network of its own on a host of its own registry (whose call counts a test reads)."""
+
+    registry: LibvirtHosts
+    host: LibvirtHost
+    spec: NetworkSpec
+
+
+@pytest.fixture
+async def counted() -> AsyncIterator[_Counted]:
     registry = LibvirtHosts()
-    host = registry.get(uri=URI)
     owner = ClusterOwner(namespace="ns", name="c-" + secrets.token_hex(3), uid="u")
-    name = "capl-cache-" + secrets.token_hex(4)
     cidr = f"10.{secrets.randbelow(200) + 20}.{secrets.randbelow(256)}.0/24"
-    spec = NetworkSpec(name=name, mode=NetworkMode.ISOLATED, owner=owner, cidr=cidr)
+    spec = NetworkSpec(
+        name="capl-cache-" + secrets.token_hex(4), mode=NetworkMode.ISOLATED, owner=owner, cidr=cidr
+    )
+    own = _Counted(registry, registry.get(uri=URI), spec)
     try:
-        await host.ensure_network(spec)
-        registry.calls.reset()
-        for index in range(5):
-            await host.ensure_dhcp_host(
-                network=name, mac=f"52:54:00:41:00:0{index}", name=f"m{index}"
-            )
-        await host.add_dns_hostnames(
-            network=name, ip=cidr.replace("0/24", "9"), hostnames=["x.c.t"]
-        )
-        calls = registry.calls.snapshot()[host.host_id]
-        assert calls.get("virConnect.networkLookupByName", 0) == 1
-        assert calls.get("virNetwork.update", 0) == 6
+        yield own
     finally:
-        await host.delete_network(name=name, owner=owner)
+        await own.host.delete_network(name=spec.name, owner=owner)
         await registry.close()
 
 
+async def test_reservations_look_the_network_up_once_per_connection_handle(
+    counted: _Counted,
+) -> None:
+    """The network is remembered on the connection handle (counting.remembered), as pools
+    are: a scale-out's reservations do not each pay a look-up by name first."""
+    registry, host, spec = counted.registry, counted.host, counted.spec
+    name, cidr = spec.name, str(spec.cidr)
+    await host.ensure_network(spec)
+    registry.calls.reset()
+    for index in range(5):
+        await host.ensure_dhcp_host(network=name, mac=f"52:54:00:41:00:0{index}", name=f"m{index}")
+    await host.add_dns_hostnames(
+        network=name, ip=str(ipaddress.ip_network(cidr)[9]), hostnames=["x.c.t"]
+    )
+    calls = registry.calls.snapshot()[host.host_id]
+    assert calls.get("virConnect.networkLookupByName", 0) == 1
+    assert calls.get("virNetwork.update", 0) == 6
+
+
 async def test_network_recreated_elsewhere_drops_the_cached_entries(
-    other: libvirt.virConnect,
+    other: libvirt.virConnect, counted: _Counted
 ) -> None:
     """A network destroyed and defined again behind the adapter's back (new UUID) is read
     again before a decision: no address is picked from the old network's entries (which
     would cost a refused update) and the old reservations are not taken for present."""
-    registry = LibvirtHosts()
-    host = registry.get(uri=URI)
-    owner = ClusterOwner(namespace="ns", name="c-" + secrets.token_hex(3), uid="u")
-    name = "capl-cache-" + secrets.token_hex(4)
-    cidr = f"10.{secrets.randbelow(200) + 20}.{secrets.randbelow(256)}.0/24"
-    spec = NetworkSpec(name=name, mode=NetworkMode.ISOLATED, owner=owner, cidr=cidr)
-    try:
-        created = await host.ensure_network(spec)
-        first = await host.ensure_dhcp_host(network=name, mac="52:54:00:40:00:01", name="a")
-        # re-created elsewhere, empty, then someone reserves the address the cache thinks is
-        # the next free one
-        old = other.networkLookupByName(name)
-        root = ET.fromstring(old.XMLDesc(0))
-        for element in root.findall("uuid") + root.findall("ip/dhcp/host"):
-            parent = root if element.tag == "uuid" else root.find("ip/dhcp")
-            assert parent is not None
-            parent.remove(element)
-        old.destroy()
-        old.undefine()
-        new = other.networkDefineXML(ET.tostring(root, encoding="unicode"))
-        new.create()
-        assert new.UUIDString() != created.uuid
-        nxt = str(ipaddress.IPv4Address(first.ip) + 1)
-        new.update(
-            libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
-            libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST,
-            -1,
-            f"<host mac='52:54:00:40:00:09' name='z' ip='{nxt}'/>",
-            FLAGS,
-        )
-        registry.calls.reset()
-        reads = host.network_cache.reads
-        again = await host.ensure_dhcp_host(
-            network=name, mac="52:54:00:40:00:01", name="a", ip=first.ip
-        )
-        third = await host.ensure_dhcp_host(network=name, mac="52:54:00:40:00:02", name="b")
-        assert again.ip == first.ip
-        assert third.ip not in (first.ip, nxt)
-        assert host.network_cache.reads == reads + 1  # one read of the new network
-        calls = registry.calls.snapshot()[host.host_id]
-        assert calls.get("virNetwork.update", 0) == 2  # no refused update
-        # the remembered handle named the old network: looked up again once, then kept
-        assert calls.get("virConnect.networkLookupByName", 0) == 1
-        dhcp, _ = _entries(other, name)
-        assert sorted(h["mac"] for h in dhcp) == [
-            "52:54:00:40:00:01",
-            "52:54:00:40:00:02",
-            "52:54:00:40:00:09",
-        ]
-    finally:
-        await host.delete_network(name=name, owner=owner)
-        await registry.close()
+    registry, host, spec = counted.registry, counted.host, counted.spec
+    name = spec.name
+    created = await host.ensure_network(spec)
+    first = await host.ensure_dhcp_host(network=name, mac="52:54:00:40:00:01", name="a")
+    # re-created elsewhere, empty, then someone reserves the address the cache thinks is
+    # the next free one
+    old = other.networkLookupByName(name)
+    root = ET.fromstring(old.XMLDesc(0))
+    for element in root.findall("uuid") + root.findall("ip/dhcp/host"):
+        parent = root if element.tag == "uuid" else root.find("ip/dhcp")
+        assert parent is not None
+        parent.remove(element)
+    old.destroy()
+    old.undefine()
+    new = other.networkDefineXML(ET.tostring(root, encoding="unicode"))
+    new.create()
+    assert new.UUIDString() != created.uuid
+    nxt = str(ipaddress.IPv4Address(first.ip) + 1)
+    new.update(
+        libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
+        libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST,
+        -1,
+        f"<host mac='52:54:00:40:00:09' name='z' ip='{nxt}'/>",
+        FLAGS,
+    )
+    registry.calls.reset()
+    reads = host.network_cache.reads
+    again = await host.ensure_dhcp_host(
+        network=name, mac="52:54:00:40:00:01", name="a", ip=first.ip
+    )
+    third = await host.ensure_dhcp_host(network=name, mac="52:54:00:40:00:02", name="b")
+    assert again.ip == first.ip
+    assert third.ip not in (first.ip, nxt)
+    assert host.network_cache.reads == reads + 1  # one read of the new network
+    calls = registry.calls.snapshot()[host.host_id]
+    assert calls.get("virNetwork.update", 0) == 2  # no refused update
+    # the remembered handle named the old network: looked up again once, then kept
+    assert calls.get("virConnect.networkLookupByName", 0) == 1
+    dhcp, _ = _entries(other, name)
+    assert sorted(h["mac"] for h in dhcp) == [
+        "52:54:00:40:00:01",
+        "52:54:00:40:00:02",
+        "52:54:00:40:00:09",
+    ]
 
 
 def test_an_address_a_dns_record_names_is_not_handed_out() -> None:
