@@ -73,6 +73,7 @@ def summarize(inputs: Mapping[str, dict[str, Any] | None], summary: dict[str, An
         )
         out["manager_cpu_ms_per_machine_with_trace"] = s.get("manager_cpu_ms_per_machine")
         out["trace_cpu_ms_per_machine"] = s.get("trace_cpu_ms_per_machine")
+        _machine_speed(s, out)
         out["libvirt_calls_per_machine"] = s.get("libvirt_calls_per_machine")
         _issue9(s.get("baseline") or {}, out)
         for key in ("ratio_to_floor", "ratio_to_floor_concurrent"):
@@ -123,6 +124,22 @@ def summarize(inputs: Mapping[str, dict[str, Any] | None], summary: dict[str, An
 
 
 FLOOR_SCRIPT = "floor script (this process)"
+
+
+def _machine_speed(s: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """The kube-apiserver's CPU per machine in the headline run, and the manager's per
+    kube-apiserver ms: on these shared machines the CPU time of the same work moves by a
+    third between runs minutes apart, and the two processes' move together, so the second
+    figure says whether a change in the first is the manager's or the machine's."""
+    n = s.get("machines") or 0
+    apiserver = (s.get("cpu_seconds_by_process") or {}).get("kube-apiserver")
+    manager = out.get("manager_cpu_ms_per_machine")
+    if not n or not apiserver:
+        return
+    per_machine = 1000 * apiserver / n
+    out["kube_apiserver_cpu_ms_per_machine"] = round(per_machine, 2)
+    if manager is not None:
+        out["manager_cpu_per_kube_apiserver_cpu"] = round(manager / per_machine, 3)
 
 
 def _issue9(b: Mapping[str, Any], out: dict[str, Any]) -> None:
@@ -200,7 +217,10 @@ def rows(summary: Mapping[str, Any], row: Row, fmt: Fmt) -> list[str]:
             s.get("manager_cpu_ms_per_machine"),
             f"/proc/<pid>/stat of the manager, create to Ready, less the call recording's own "
             f"{fmt(s.get('trace_cpu_ms_per_machine'))} ms (with it: "
-            f"{fmt(s.get('manager_cpu_ms_per_machine_with_trace'))}); untraced, per size: "
+            f"{fmt(s.get('manager_cpu_ms_per_machine_with_trace'))}); the kube-apiserver took "
+            f"{fmt(s.get('kube_apiserver_cpu_ms_per_machine'))} ms per machine in the same run "
+            f"(the manager {fmt(s.get('manager_cpu_per_kube_apiserver_cpu'))} ms per "
+            f"kube-apiserver ms: both move with the machine's speed); untraced, per size: "
             f"{', '.join(fmt(x) for x in sc.get('manager_cpu_ms_per_machine') or [])} "
             f"(scaling curve); the floor script's own CPU for the same work: "
             f"{fmt(s.get('floor_script_cpu_ms_per_machine_concurrent'))} ms/machine at capl's "

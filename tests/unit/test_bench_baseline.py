@@ -90,3 +90,25 @@ def test_each_side_is_the_mean_of_its_runs_per_process() -> None:
     assert side["manager_cpu_ms_per_machine"] == 13.0
     assert side["cpu_ms_per_machine_by_process"] == {"kube-apiserver": 20.0, "manager": 13.0}
     assert side["runs"] == runs
+
+
+def test_the_headline_run_reports_the_kube_apiservers_cpu_beside_the_managers() -> None:
+    scaleout = {
+        "machines": 1000,
+        "clusters": 10,
+        "manager_cpu_ms_per_machine": 7.06,
+        "manager_cpu_ms_per_machine_without_trace": 6.7,
+        "cpu_seconds_by_process": {"manager": 7.06, "kube-apiserver": 18.41},
+    }
+    summary: dict[str, dict[str, object]] = {"scaleout": {}}
+    report_floor.summarize({"scaleout": scaleout}, summary)
+    out = summary["scaleout"]
+    assert out["kube_apiserver_cpu_ms_per_machine"] == 18.41
+    assert out["manager_cpu_per_kube_apiserver_cpu"] == 0.364  # 6.7 (untraced) / 18.41
+
+
+def test_no_kube_apiserver_figure_is_made_up_when_its_cpu_was_not_read() -> None:
+    summary: dict[str, dict[str, object]] = {"scaleout": {}}
+    report_floor.summarize({"scaleout": {"machines": 1000, "clusters": 10}}, summary)
+    assert "kube_apiserver_cpu_ms_per_machine" not in summary["scaleout"]
+    assert "manager_cpu_per_kube_apiserver_cpu" not in summary["scaleout"]
