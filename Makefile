@@ -110,11 +110,11 @@ bench: venv ## run the benchmarks (writes bench/results/; the curve to 3,000 mac
 	@hack/bench.sh
 
 .PHONY: bench-scale
-bench-scale: venv ## the scaling curve to 10,000 machines and the steady window on them (after make bench)
+bench-scale: venv ## make bench's scaling curve to 10,000 machines and steady window, on their own
 	@hack/bench-scale.sh
 
 .PHONY: bench-realnode
-bench-realnode: venv ## a real node through capl against a hand-run kubeadm join (after make bench)
+bench-realnode: venv ## make bench's real node through capl against a hand-run kubeadm join, on its own
 	@hack/bench-realnode.sh
 
 .PHONY: clean

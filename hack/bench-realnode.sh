@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# The body of `make bench-realnode` (not in `make bench`, whose 30 minutes it does not fit:
-# a round boots two real Kubernetes nodes under TCG one after the other, several minutes):
-# a real node through capl (a MachineDeployment scaled 0 -> 1) against a hand-run `kubeadm
-# join` of the same node image (bench/realnode.py), then bench/report.py. It writes only
-# realnode.json (and its plot) into bench/results/: run it after `make bench`, which empties
-# that directory first. Knob: CAPL_BENCH_REALNODE_ROUNDS (default 3: TCG boots vary by
+# The body of `make bench-realnode`: `make bench`'s real-node benchmark on its own (a round
+# boots two real Kubernetes nodes under TCG one after the other): a real node through capl
+# (a MachineDeployment scaled 0 -> 1) against a hand-run `kubeadm join` of the same node
+# image (bench/realnode.py), then bench/report.py. It replaces only realnode.json (and its
+# plot) in bench/results/. Knob: CAPL_BENCH_REALNODE_ROUNDS (default 3: TCG boots vary by
 # a sixth between rounds, and the median of two straddled the target on 2026-12-04).
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=hack/lib.sh

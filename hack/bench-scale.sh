@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# The body of `make bench-scale` (not in `make bench`, whose 30 minutes it does not fit): the
-# scaling curve up to 10,000 machines (in clusters of 100) and the steady window on the
-# 10,000 Ready machines, then bench/report.py. It replaces only scaling_curve.json and
-# steady.json in bench/results/ (run it after `make bench`, which measures the curve to
-# 3,000 and the steady window there); the report then has the 10,000-machine figures.
+# The body of `make bench-scale`: the scaling curve up to 10,000 machines (in clusters of
+# 100) and the steady window on the 10,000 Ready machines, then bench/report.py — the last
+# benchmark of `make bench` on its own, to measure it again without the others. It replaces
+# only scaling_curve.json and steady.json in bench/results/.
 # Knobs: CAPL_BENCH_SCALE_SIZES (default 100,1000,3000,10000), CAPL_BENCH_STEADY (60).
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=hack/lib.sh

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The body of `make bench` (not part of `make test`): brings up the test bed like
-# hack/test.sh (control-plane binaries, libvirtd, guest image, Cluster API CRDs), runs every
+# hack/test.sh (control-plane binaries, libvirtd, guest image, Cluster API CRDs, the real
+# node's binaries and image), runs every
 # benchmark in bench/, then bench/report.py: bench/results/*.json, SVG plots,
 # bench/results/summary.json and the results section of docs/benchmarks.md.
 #
 # Every benchmark measures its limit in the same run (docs/benchmarks.md). A failing benchmark
 # does not stop the others; the report then names the missing figures and this script exits
 # non-zero. Knobs (environment): CAPL_BENCH_LAYOUTS (scale-out, default 10x100,1x1000: the
-# first is the headline, with the work floor), CAPL_BENCH_SIZES (default 100,1000,3000; 10,000: make bench-scale),
+# first is the headline, with the work floor), CAPL_BENCH_SIZES (default 100,1000,3000,10000),
 # CAPL_BENCH_STEADY (seconds, default 60), CAPL_BENCH_REALVM_ROUNDS (default 2),
-# CAPL_BENCH_MIGRATION_REPS (default 8), CAPL_BENCH_BED_LOCK_WAIT (seconds, default 600).
+# CAPL_BENCH_MIGRATION_REPS (default 8), CAPL_BENCH_REALNODE_ROUNDS (default 3),
+# CAPL_BENCH_BED_LOCK_WAIT (seconds, default 600).
 #
 # The migration benchmark runs on the multi-host bed (one per machine, shared with whoever
 # runs tests/multihost): under `flock /tmp/capl-multihost.lock`, as every user of the bed
@@ -26,6 +28,7 @@ started=$SECONDS
 CAPL_BENCH_RUN_LOADAVG="${CAPL_BENCH_RUN_LOADAVG:-$(cut -d' ' -f1-3 /proc/loadavg)}"
 export CAPL_BENCH_RUN_LOADAVG
 bed_up
+nodes_up # the real-node benchmark's binaries and image (cached; `make test` builds them too)
 
 PY=.venv/bin/python
 bench_extra
@@ -60,18 +63,20 @@ bench scaleout "$PY" bench/scaleout.py --layouts "${CAPL_BENCH_LAYOUTS:-10x100,1
 bench machines_realvm "$PY" bench/machines_realvm.py --vms 3 --rounds "${CAPL_BENCH_REALVM_ROUNDS:-2}"
 bench migration flock -w "${CAPL_BENCH_BED_LOCK_WAIT:-600}" /tmp/capl-multihost.lock \
 	"$PY" bench/migration.py --start-bed --reps "${CAPL_BENCH_MIGRATION_REPS:-8}"
+# a real node through capl against a hand-run `kubeadm join`: three rounds of two TCG boots
+# (about 5 minutes)
+bench realnode "$PY" bench/realnode.py --rounds "${CAPL_BENCH_REALNODE_ROUNDS:-3}"
 
 # last: the longest, so that a run cut short still has the others' figures
-# the scaling curve in clusters of 100 to 3,000; the steady state on its largest size's Ready
-# machines (the curve to 10,000 and the steady window there: `make bench-scale`, ~25 min
-# on its own, which the 30 minutes of `make bench` do not hold)
+# the scaling curve in clusters of 100 to 10,000 (about 6 minutes on a quiet machine), the
+# steady state on its largest size's Ready machines
 bench scaling_curve "$PY" bench/scaling_curve.py --no-raw \
-	--sizes "${CAPL_BENCH_SIZES:-100,1000,3000}" --steady "${CAPL_BENCH_STEADY:-60}"
+	--sizes "${CAPL_BENCH_SIZES:-100,1000,3000,10000}" --steady "${CAPL_BENCH_STEADY:-60}"
 
 # the wall time of each benchmark and of the whole run (set-up included), with the load
 printf '%s\n' "${walls[@]}" | "$PY" bench/timings.py "$((SECONDS - started))"
 report=0
-"$PY" bench/report.py --require scaleout,steady,realvm,scaling,migration || report=$?
+"$PY" bench/report.py --require scaleout,steady,realvm,scaling,migration,realnode || report=$?
 note "make bench: $((SECONDS - started)) s"
 if [ "${#failed[@]}" -gt 0 ] || [ "$report" -ne 0 ]; then
 	die "failed: ${failed[*]:-}${failed[*]:+; }report exit status $report"
