@@ -19,7 +19,8 @@ boot overlays of that same volume). Then, in rounds:
             LibvirtMachine is Ready (running, InternalIP from the lease).
 
 Rounds alternate which side goes first. Reported per side: wall time until all 3 have their
-lease / are Ready, and per-VM times; the ratio capl : baseline (target <= 1.15), also per
+lease / are Ready, and per-VM times; the ratio capl : baseline (target <= 1.0: issue 16
+kept it there; issue 9 had asked <= 1.15), also per
 round (a paired comparison: on a shared 2-core machine the load drifts between rounds far
 more than the two sides differ). Writes bench/results/machines_realvm.json.
 
@@ -81,6 +82,7 @@ from capl.virt.domainxml import build_domain_xml
 RESULTS = Path(__file__).resolve().parent / "results" / "machines_realvm.json"
 URI = "qemu:///system"
 NS = "bench-realvm"
+TARGET_RATIO = 1.0
 
 
 def spec(image: Path) -> dict[str, Any]:
@@ -472,7 +474,7 @@ async def main(argv: list[str]) -> int:
         "baseline_per_vm_median_s": round(base_vm, 2),
         "capl_per_vm_median_s": round(capl_vm, 2),
         "ratio_per_vm_median": round(capl_vm / base_vm, 3),
-        "target_ratio": 1.15,
+        "target_ratio": TARGET_RATIO,
         "api_writes_per_machine_create_to_ready_max": max(
             w for r in rounds for w in r["capl"]["api_writes_to_ready"]
         ),
@@ -485,7 +487,7 @@ async def main(argv: list[str]) -> int:
     print(
         f"{args.vms} TCG VMs: capl {capl_wall:.1f} s to all Ready vs virsh create + lease "
         f"{base_wall:.1f} s: ratio {capl_wall / base_wall:.2f}, median of the per-round "
-        f"ratios {statistics.median(paired):.2f} (target <= 1.15); per VM median "
+        f"ratios {statistics.median(paired):.2f} (target <= {TARGET_RATIO}); per VM median "
         f"{capl_vm:.1f} s vs {base_vm:.1f} s"
     )
     print(f"wrote {RESULTS}")

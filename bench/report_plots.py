@@ -92,7 +92,7 @@ def plot_realvm(r: dict[str, Any]) -> str:
     ax.set_xticks(xs, [f"round {x}" for x in xs])
     ax.set_ylabel(f"seconds until all {r['vms']} TCG guests are up")
     ratio = r.get("ratio_paired_median", r.get("ratio_wall_capl_vs_baseline"))
-    ax.set_title(f"real VMs: ratio capl / virsh {ratio} (target <= 1.15)", fontsize=10)
+    ax.set_title(f"real VMs: ratio capl / virsh {ratio} (target <= 1.0)", fontsize=10)
     ax.legend(fontsize=8)
     return save(fig, "realvm")
 
