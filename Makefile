@@ -106,7 +106,7 @@ demo: venv ## run a 3-machine demo cluster on the local libvirtd
 	@hack/demo.sh
 
 .PHONY: bench
-bench: venv ## run the benchmarks (writes bench/results/; the curve to 3,000 machines)
+bench: venv ## run every benchmark (writes bench/results/; the real node and the curve to 10,000 included)
 	@hack/bench.sh
 
 .PHONY: bench-scale

@@ -17,7 +17,7 @@ measured against in the same run and its target:
     scaleout.api_writes_per_machine   the manager's API writes per machine, events included
     scaleout.p99_create_to_ready_s    (and p50) per machine, N created at once
     steady.cpu_percent_of_core        manager CPU over the steady window (< 2)
-    steady.rss_mb                     manager RSS with N Ready machines (< 250)
+    steady.rss_mb                     manager RSS with N Ready machines (< 400)
     steady.list_calls_after_start     LIST requests after start-up (0)
     realvm.ratio_to_virsh             capl / `virsh create` + lease, 3 TCG guests (<= 1.0)
     migration.ratio_to_virsh          capl / hand preparation + `virsh migrate`, live with
