@@ -55,6 +55,8 @@ class Run:
     this benchmark)."""
     trace: TraceWindow | None = None
     """Where the manager's libvirt calls were recorded (bench/floor.py), when they were."""
+    events_dropped: float = 0.0
+    """Events the manager's recorder dropped over the scale-out (its queue full)."""
 
     @property
     def cluster(self) -> BenchCluster:
@@ -83,6 +85,7 @@ class Run:
                 3,
             ),
             "api_writes_per_machine_events": round(self.audit.writes_to("events") / self.n, 3),
+            "events_dropped_per_machine": round(self.events_dropped / self.n, 3),
             "api_requests": self.audit.summary(),
             "reconciles_per_machine": {
                 k: round(v / self.n, 3) for k, v in sorted(self.reconciles.items())
@@ -117,6 +120,12 @@ async def settle(bed: Bed, *, quiet: float = 3.0) -> int:
         if now > deadline:
             note("the manager did not go quiet within 120 s; measuring anyway")
             return size
+
+
+def events_dropped(metrics_text: str) -> float:
+    """Events the manager's recorder dropped so far because its queue was full
+    (`capl_events_total{result="dropped"}`)."""
+    return metric_sum(parse_metrics(metrics_text), "capl_events_total", result="dropped")
 
 
 def reconcile_counts(metrics_text: str) -> dict[str, float]:
@@ -171,7 +180,8 @@ async def scale_out(
     )
     offset = await settle(bed, quiet=1.0)
     trace_machines = _size(trace) if trace is not None else 0
-    counts_before = reconcile_counts(await manager.metrics())
+    metrics_before = await manager.metrics()
+    counts_before = reconcile_counts(metrics_before)
     processes = bed.processes(manager)
     cpu_before = cpu_seconds_of(processes)
     before = ProcStat.read(manager.pid)
@@ -183,7 +193,8 @@ async def scale_out(
     end = await settle(bed)
     after = ProcStat.read(manager.pid)
     cpu_after = cpu_seconds_of(processes)
-    counts_after = reconcile_counts(await manager.metrics())
+    metrics_after = await manager.metrics()
+    counts_after = reconcile_counts(metrics_after)
     audit = AuditWindow.read(bed.audit_log, user=MANAGER_USER, start=offset, end=end)
     window = None
     if trace is not None:
@@ -202,6 +213,7 @@ async def scale_out(
         reconciles={k: counts_after[k] - counts_before.get(k, 0.0) for k in counts_after},
         cpu={k: cpu_after[k] - cpu_before[k] for k in cpu_after if k in cpu_before},
         trace=window,
+        events_dropped=events_dropped(metrics_after) - events_dropped(metrics_before),
     )
     numbers = run.numbers()
     note(

@@ -68,6 +68,7 @@ def point(numbers: dict[str, Any]) -> dict[str, Any]:
             "create_to_ready_p50_s",
             "create_to_ready_p99_s",
             "api_writes_per_machine",
+            "events_dropped_per_machine",
             "manager_cpu_seconds",
             "manager_cpu_ms_per_machine",
             "manager_rss_idle_mb",
